@@ -1,0 +1,176 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Build the fork wheel: the pinned upstream vLLM wheel plus the overlay.
+
+    python3 tools/fork/build_wheel.py [--out dist]
+
+Every upstream entry is copied with its compressed bytes untouched (the
+compiled extensions included); the overlay files and the plugin entry point
+are added, the dist-info is renamed to the local version and RECORD is
+rewritten. No GPU and no compiler are needed.
+"""
+
+import argparse
+import base64
+import csv
+import hashlib
+import io
+import struct
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.fork.common import REPO, load_pin, log, overlay_files, upstream_wheel  # noqa: E402
+
+PLUGIN_GROUP = "vllm.general_plugins"
+# Local file header: signature, version, flags, method, time, date, crc32,
+# compressed size, size, name length, extra length (APPNOTE 4.3.7).
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+_DATA_DESCRIPTOR_FLAG = 0x08
+
+
+def fork_version() -> str:
+    pin = load_pin()
+    return f"{pin.VLLM_VERSION}+{pin.LOCAL_VERSION_TAG}"
+
+
+def fork_wheel_name() -> str:
+    pin = load_pin()
+    return pin.VLLM_WHEEL.replace(pin.VLLM_VERSION, fork_version(), 1)
+
+
+def plugin_entry_points() -> dict[str, str]:
+    """The entry points pyproject.toml declares for vLLM's plugin group."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return project["entry-points"][PLUGIN_GROUP]
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
+    return "sha256=" + digest.rstrip(b"=").decode()
+
+
+def _copy_compressed(
+    src: zipfile.ZipFile, info: zipfile.ZipInfo, dst: zipfile.ZipFile
+) -> None:
+    """Append ``info``'s compressed bytes to ``dst`` without inflating them.
+
+    zipfile has no public raw copy, and re-deflating the ~770 MB of shared
+    objects would cost a minute and change nothing.
+    """
+    assert src.fp is not None and dst.fp is not None
+    src.fp.seek(info.header_offset)
+    fields = _LOCAL_HEADER.unpack(src.fp.read(_LOCAL_HEADER.size))
+    src.fp.seek(fields[-2] + fields[-1], io.SEEK_CUR)  # name, extra
+    raw = src.fp.read(info.compress_size)
+
+    out = zipfile.ZipInfo(info.filename, info.date_time)
+    out.compress_type = info.compress_type
+    out.external_attr = info.external_attr
+    out.create_system = info.create_system
+    # Sizes go into the header we write, so no trailing data descriptor.
+    out.flag_bits = info.flag_bits & ~_DATA_DESCRIPTOR_FLAG
+    out.CRC, out.compress_size, out.file_size = (
+        info.CRC,
+        info.compress_size,
+        info.file_size,
+    )
+    out.header_offset = dst.fp.tell()
+    dst.fp.write(out.FileHeader())
+    dst.fp.write(raw)
+    dst.filelist.append(out)
+    dst.NameToInfo[out.filename] = out
+    # Where zipfile writes its next entry and, at close, the central directory.
+    dst.start_dir = dst.fp.tell()
+
+
+def build(out_dir: Path) -> Path:
+    pin = load_pin()
+    source = upstream_wheel()
+    old_info = f"vllm-{pin.VLLM_VERSION}.dist-info/"
+    new_info = f"vllm-{fork_version()}.dist-info/"
+    target = out_dir / fork_wheel_name()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".partial")
+
+    with zipfile.ZipFile(source) as src:
+        upstream_names = set(src.namelist())
+        clashes = [str(p) for p in overlay_files() if str(p) in upstream_names]
+        if clashes:
+            raise SystemExit(f"overlay files shadow upstream files: {clashes}")
+        record = {
+            row[0]: row[1:]
+            for row in csv.reader(io.StringIO(src.read(old_info + "RECORD").decode()))
+        }
+        rows: list[tuple[str, str, str]] = []
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+            for info in src.infolist():
+                if info.filename.startswith(old_info):
+                    continue
+                _copy_compressed(src, info, dst)
+                digest, size = record[info.filename]
+                rows.append((info.filename, digest, size))
+
+            def add(name: str, data: bytes) -> None:
+                # A fixed timestamp keeps the wheel reproducible.
+                zinfo = zipfile.ZipInfo(name, (2026, 1, 1, 0, 0, 0))
+                zinfo.compress_type = zipfile.ZIP_DEFLATED
+                zinfo.external_attr = 0o644 << 16
+                dst.writestr(zinfo, data)
+                rows.append((name, _record_hash(data), str(len(data))))
+
+            for path in overlay_files():
+                add(str(path), (REPO / path).read_bytes())
+            for info in src.infolist():
+                name = info.filename
+                if not name.startswith(old_info) or name.endswith("/RECORD"):
+                    continue
+                data = src.read(info)
+                if name.endswith("/METADATA"):
+                    data = _with_version(data.decode(), fork_version()).encode()
+                elif name.endswith("/entry_points.txt"):
+                    data = _with_plugins(data.decode()).encode()
+                add(new_info + name[len(old_info) :], data)
+
+            buf = io.StringIO()
+            writer = csv.writer(buf, lineterminator="\n")
+            writer.writerows(rows)
+            writer.writerow((new_info + "RECORD", "", ""))
+            zinfo = zipfile.ZipInfo(new_info + "RECORD", (2026, 1, 1, 0, 0, 0))
+            zinfo.compress_type = zipfile.ZIP_DEFLATED
+            zinfo.external_attr = 0o644 << 16
+            dst.writestr(zinfo, buf.getvalue())
+    tmp.replace(target)
+    return target
+
+
+def _with_version(metadata: str, version: str) -> str:
+    lines = metadata.split("\n")
+    idx = next(i for i, line in enumerate(lines) if line.startswith("Version: "))
+    lines[idx] = f"Version: {version}"
+    return "\n".join(lines)
+
+
+def _with_plugins(entry_points: str) -> str:
+    """Add the fork's plugin entry points to upstream's entry_points.txt."""
+    entries = "".join(f"{k} = {v}\n" for k, v in plugin_entry_points().items())
+    header = f"[{PLUGIN_GROUP}]\n"
+    if header in entry_points:
+        return entry_points.replace(header, header + entries, 1)
+    return entry_points.rstrip("\n") + f"\n\n{header}{entries}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "dist")
+    args = parser.parse_args()
+    wheel = build(args.out)
+    log(f"built {wheel} ({wheel.stat().st_size / 1e6:.0f} MB)")
+    print(wheel)
+
+
+if __name__ == "__main__":
+    main()
