@@ -1,0 +1,318 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Time the Triton DSV4 sparse-MLA kernel against its roofline floor and a
+PyTorch gather + dequantize + matmul baseline.
+
+Decode: tokens {1, 8, 32, 128, 256} x heads {16, 64, 128}, each token with an
+SWA segment of 128 and a compressed top-k segment of 512 candidates, packed
+FP8 (584-byte fp8_ds_mla) records. Prefill: one larger token count.
+
+    python benchmarks/kernels/benchmark_dsv41_sparse_mla.py \
+        --out-dir benchmarks/results [--sweep]
+
+Writes dsv41_sparse_mla_<gpu>.json and .md (and a roofline PNG where
+matplotlib is present; otherwise draw it later with
+benchmarks/kernels/plot_dsv41_sparse_mla_roofline.py).
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+
+import torch
+import triton
+
+from vllm.v1.attention.ops.triton_dsv41_sparse_mla import _launch
+
+# Ceilings measured on this workplace's H200 (device copy and dense BF16 GEMM).
+PEAK_BW = 4.3e12
+PEAK_FLOPS = 790e12
+SWA_CAP = 128
+CMP_CAP = 512
+PAGE = 64
+RECORD = 584
+
+
+def make_pool(num_pages: int, g: torch.Generator) -> torch.Tensor:
+    """Random, valid packed pool: FP8 values in range, UE8M0 scales near 1,
+    finite BF16 RoPE values."""
+    page_bytes = PAGE * RECORD
+    buf = torch.empty((num_pages, page_bytes), dtype=torch.uint8, device="cuda")
+    vals = buf[:, : PAGE * 576].view(num_pages, PAGE, 576)
+    fp8 = torch.randn(num_pages, PAGE, 448, device="cuda", generator=g) * 40
+    vals[:, :, :448] = fp8.to(torch.float8_e4m3fn).view(torch.uint8)
+    rope = torch.randn(num_pages, PAGE, 64, device="cuda", generator=g)
+    vals[:, :, 448:] = rope.to(torch.bfloat16).view(torch.uint8)
+    scales = buf[:, PAGE * 576 :].view(num_pages, PAGE, 8)
+    scales[:] = torch.randint(
+        120, 124, (num_pages, PAGE, 8), device="cuda", generator=g
+    ).to(torch.uint8)
+    scales[:, :, 7] = 0
+    return buf.as_strided((num_pages, PAGE, 1, RECORD), (page_bytes, RECORD, RECORD, 1))
+
+
+def make_inputs(tokens: int, heads: int, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    # Pools far larger than the 60 MB L2, so rows come from HBM.
+    swa_pages = max(64, tokens * SWA_CAP // PAGE * 4)
+    cmp_pages = 4096
+    swa = make_pool(swa_pages, g)
+    cmp = make_pool(cmp_pages, g)
+    q = torch.randn(tokens, heads, 512, device="cuda", generator=g)
+    q = q.to(torch.bfloat16)
+    swa_idx = torch.randint(
+        0, swa_pages * PAGE, (tokens, 1, SWA_CAP), device="cuda", generator=g
+    ).to(torch.int32)
+    cmp_idx = torch.randint(
+        0, cmp_pages * PAGE, (tokens, 1, CMP_CAP), device="cuda", generator=g
+    ).to(torch.int32)
+    swa_lens = torch.full((tokens,), SWA_CAP, dtype=torch.int32, device="cuda")
+    cmp_lens = torch.full((tokens,), CMP_CAP, dtype=torch.int32, device="cuda")
+    sinks = torch.randn(heads, device="cuda", generator=g)
+    out = torch.empty_like(q)
+    return dict(
+        query=q,
+        swa=swa,
+        swa_idx=swa_idx,
+        swa_lens=swa_lens,
+        cmp=cmp,
+        cmp_idx=cmp_idx,
+        cmp_lens=cmp_lens,
+        sinks=sinks,
+        out=out,
+        scale=512**-0.5,
+    )
+
+
+def run_triton(x, **cfg):
+    return _launch(
+        x["query"],
+        x["swa"],
+        x["swa_idx"],
+        x["swa_lens"],
+        x["out"],
+        x["scale"],
+        x["sinks"],
+        x["cmp"],
+        x["cmp_idx"],
+        x["cmp_lens"],
+        "NHD",
+        **cfg,
+    )
+
+
+def _gather_dequant(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """[T, N] slot ids -> [T, N, 512] BF16 rows of a packed pool."""
+    flat = pool.as_strided((pool.shape[0], PAGE * RECORD), (pool.stride(0), 1))
+    page = (idx // PAGE).long()
+    off = (idx % PAGE).long()
+    vals = flat[:, : PAGE * 576].reshape(-1, PAGE, 576)[page, off]
+    scl = flat[:, PAGE * 576 :].reshape(-1, PAGE, 8)[page, off, :7]
+    nope = vals[..., :448].view(torch.float8_e4m3fn).float()
+    nope = nope.unflatten(-1, (7, 64)) * torch.exp2(scl.float() - 127)[..., None]
+    rope = vals[..., 448:].contiguous().view(torch.bfloat16)
+    return torch.cat([nope.flatten(-2).to(torch.bfloat16), rope], dim=-1)
+
+
+def run_torch(x):
+    """What one would write without a kernel: gather, dequantize, two batched
+    matmuls and a masked softmax with the sink column."""
+    swa_idx = x["swa_idx"][:, 0]
+    cmp_idx = x["cmp_idx"][:, 0]
+    kv = torch.cat(
+        [_gather_dequant(x["swa"], swa_idx), _gather_dequant(x["cmp"], cmp_idx)], 1
+    )
+    pos_s = torch.arange(swa_idx.shape[1], device="cuda")
+    pos_c = torch.arange(cmp_idx.shape[1], device="cuda")
+    live = torch.cat(
+        [
+            (pos_s[None] < x["swa_lens"][:, None]) & (swa_idx >= 0),
+            (pos_c[None] < x["cmp_lens"][:, None]) & (cmp_idx >= 0),
+        ],
+        1,
+    )
+    logits = torch.bmm(x["query"], kv.transpose(1, 2)).float() * x["scale"]
+    logits = logits.masked_fill(~live[:, None], float("-inf"))
+    sink = x["sinks"][None, :, None].expand(logits.shape[0], -1, 1)
+    p = torch.softmax(torch.cat([logits, sink], -1), -1)[..., :-1]
+    x["out"].copy_(torch.bmm(p.to(torch.bfloat16), kv))
+    return x["out"]
+
+
+def cost(tokens: int, heads: int) -> tuple[float, float]:
+    n = SWA_CAP + CMP_CAP
+    flops = 2.0 * heads * n * (512 + 512) * tokens
+    # Each candidate record once, its index, the query and the output.
+    bytes_ = tokens * (n * (RECORD + 4) + 2 * heads * 512 * 2 + 8)
+    return flops, bytes_
+
+
+def bench(fn, rep_ms: int = 200) -> float:
+    # do_bench clears L2 before every timed call, so rows come from HBM.
+    return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
+
+
+def check(x) -> float:
+    ref = run_torch(x).double()
+    x["out"].fill_(float("nan"))
+    out = run_triton(x).double()
+    if torch.isnan(out).any():
+        return float("nan")
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def point(tokens: int, heads: int, kind: str, with_torch: bool, **cfg) -> dict:
+    x = make_inputs(tokens, heads)
+    err = check(x)
+    t_ms = bench(lambda: run_triton(x, **cfg))
+    flops, bytes_ = cost(tokens, heads)
+    floor_s = max(bytes_ / PEAK_BW, flops / PEAK_FLOPS)
+    row = dict(
+        kind=kind,
+        tokens=tokens,
+        heads=heads,
+        candidates=SWA_CAP + CMP_CAP,
+        config=cfg or "default",
+        time_us=t_ms * 1e3,
+        tflops=flops / (t_ms * 1e-3) / 1e12,
+        bytes=bytes_,
+        gbps=bytes_ / (t_ms * 1e-3) / 1e9,
+        floor_us=floor_s * 1e6,
+        bound="memory" if bytes_ / PEAK_BW >= flops / PEAK_FLOPS else "compute",
+        pct_of_floor=100.0 * floor_s / (t_ms * 1e-3),
+        rel_err_vs_torch=err,
+    )
+    if with_torch:
+        t_torch = bench(lambda: run_torch(x))
+        row["torch_us"] = t_torch * 1e3
+        row["speedup_vs_torch"] = t_torch / t_ms
+    x.clear()
+    torch.cuda.empty_cache()
+    return row
+
+
+def sweep(points: list[tuple[int, int]]) -> list[dict]:
+    rows = []
+    for tokens, heads in points:
+        for block_n in (32, 64):
+            for num_warps in (4, 8):
+                for num_stages in (1, 2, 3):
+                    for splits in (None, 1, 2, 4, 8, 16):
+                        if splits and tokens >= 128 and splits > 2:
+                            continue
+                        if splits and tokens <= 8 and splits < 4:
+                            continue
+                        cfg = dict(
+                            block_n=block_n, num_warps=num_warps, num_stages=num_stages
+                        )
+                        if splits:
+                            cfg["num_splits"] = splits
+                        try:
+                            r = point(tokens, heads, "sweep", False, **cfg)
+                        except Exception as e:  # resource limits of a config
+                            print(f"  {tokens} {heads} {cfg}: {type(e).__name__}")
+                            continue
+                        rows.append(r)
+                        print(
+                            f"  T={tokens:4d} H={heads:3d} {cfg} "
+                            f"{r['time_us']:8.1f} us {r['pct_of_floor']:5.1f}%"
+                        )
+    return rows
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    lines = [
+        "# DeepSeek V4.1 sparse MLA: Triton kernel on " + meta["gpu"],
+        "",
+        f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}; "
+        f"FP8 fp8_ds_mla records, SWA {SWA_CAP} + compressed top-k {CMP_CAP} "
+        "candidates per token, sinks on. Floor = max(bytes / "
+        f"{PEAK_BW / 1e12:.1f} TB/s, flops / {PEAK_FLOPS / 1e12:.0f} TFLOP/s); "
+        "times are medians of triton.testing.do_bench (L2 cleared per call).",
+        "",
+        "| kind | tokens | heads | time (us) | TFLOP/s | GB/s | floor (us) | bound "
+        "| % of floor | torch (us) | speed-up | rel. err |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['kind']} | {r['tokens']} | {r['heads']} | {r['time_us']:.1f} "
+            f"| {r['tflops']:.1f} | {r['gbps']:.0f} | {r['floor_us']:.1f} "
+            f"| {r['bound']} | {r['pct_of_floor']:.1f} "
+            f"| {r.get('torch_us', float('nan')):.1f} "
+            f"| {r.get('speedup_vs_torch', float('nan')):.1f}x "
+            f"| {r['rel_err_vs_torch']:.1e} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--sweep", action="store_true", help="try launch configs")
+    ap.add_argument("--prefill-tokens", type=int, default=4096)
+    ap.add_argument("--prefill-heads", type=int, default=128)
+    args = ap.parse_args()
+
+    props = torch.cuda.get_device_properties(0)
+    meta = dict(
+        gpu=props.name,
+        sms=props.multi_processor_count,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        python=platform.python_version(),
+        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        peak_bw=PEAK_BW,
+        peak_flops=PEAK_FLOPS,
+        command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+    )
+    os.makedirs(args.out_dir, exist_ok=True)
+    result: dict = dict(meta=meta)
+    if args.sweep:
+        result["sweep"] = sweep(
+            [
+                (1, 128),
+                (8, 128),
+                (32, 128),
+                (128, 64),
+                (128, 128),
+                (256, 64),
+                (256, 128),
+            ]
+        )
+    rows = []
+    for tokens in (1, 8, 32, 128, 256):
+        for heads in (16, 64, 128):
+            rows.append(point(tokens, heads, "decode", True))
+            r = rows[-1]
+            print(
+                f"decode T={tokens:4d} H={heads:3d} {r['time_us']:8.1f} us "
+                f"{r['tflops']:6.1f} TF/s {r['pct_of_floor']:5.1f}% of floor "
+                f"torch {r['torch_us']:8.1f} us err {r['rel_err_vs_torch']:.1e}"
+            )
+    rows.append(point(args.prefill_tokens, args.prefill_heads, "prefill", True))
+    result["rows"] = rows
+    tag = meta["gpu"].replace(" ", "_").lower()
+    base = os.path.join(args.out_dir, f"dsv41_sparse_mla_{tag}")
+    with open(base + ".json", "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    md = markdown(meta, rows)
+    with open(base + ".md", "w") as f:
+        f.write(md)
+    print(md)
+    try:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from plot_dsv41_sparse_mla_roofline import plot
+
+        plot(base + ".json", base + ".png")
+    except ImportError as e:
+        print(f"no roofline PNG here ({e}); draw it from the JSON later")
+    assert all(not math.isnan(r["rel_err_vs_torch"]) for r in rows)
+
+
+if __name__ == "__main__":
+    main()

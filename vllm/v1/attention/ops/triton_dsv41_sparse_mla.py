@@ -1,0 +1,629 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Portable Triton sparse-MLA attention for DeepSeek V4 / V4.1.
+
+Same two-segment contract as FlashInfer's SM120 DSV4 sparse decode
+(``trtllm_batch_decode_sparse_mla_dsv4`` with ``backend="sparse"``): every query
+token attends to the rows of a sliding-window (SWA) pool named by
+``sparse_indices`` and, optionally, to the rows of a compressed pool named by
+``extra_sparse_indices``. K and V are the same 512-wide latent row (DSV4 uses
+``d_qk == d_v == 512``: 448 NoPE dims and 64 RoPE dims, and the RoPE dims are
+part of V too), and all query heads share it (MQA).
+
+It exists for GPUs and shapes FlashInfer's DSV4 kernels do not instantiate. It
+only needs Triton, so it also runs on Hopper, which is where it is measured.
+
+Packed ``fp8_ds_mla`` pools (uint8, 584 bytes per token) follow the layout
+written by ``_rope_quant_insert_kernel`` in upstream vLLM 0.30.0
+``vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py`` (and
+``quantize_and_insert_k_kernel`` in ``.../common/ops/cache_utils.py``): inside
+one page of ``page_size`` tokens, the first ``page_size * 576`` bytes hold the
+token records back to back (448 FP8 E4M3 NoPE values, then 64 BF16 RoPE
+values), and the next ``page_size * 8`` bytes hold each token's 8 UE8M0 scale
+bytes (scale = 2 ** (byte - 127) for the 7 NoPE blocks of 64 dims; byte 7 is
+padding). The page's start is ``kv_cache.stride(0)`` bytes after the previous
+one, which may be more than ``page_size * 584`` (padded pages).
+"""
+
+import functools
+
+import torch
+
+from vllm.triton_utils import tl, triton
+
+_HEAD_DIM = 512
+_NOPE_DIM = 448
+_QUANT_BLOCK = 64
+_RECORD_BYTES = 584
+_VALUE_BYTES = 576  # 448 FP8 bytes + 64 BF16 RoPE values
+_SCALE_BYTES = 8
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _load_kv_tile(
+    pool_ptr,
+    slots,
+    valid,
+    page_size,
+    page_stride,
+    token_stride,
+    IS_FP8: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Gather ``BLOCK_N`` latent rows as a ``[BLOCK_N, 512]`` BF16 tile.
+
+    Invalid rows come back as zeros, so that garbage (possibly NaN) bytes of
+    unused slots can never reach the P @ V product.
+    """
+    d = tl.arange(0, 512)
+    page = (slots // page_size).to(tl.int64)
+    in_page = (slots % page_size).to(tl.int64)
+    if IS_FP8:
+        page_base = pool_ptr + page * page_stride
+        rec = page_base + in_page * 576
+        nope_mask = valid[:, None] & (d < 448)[None, :]
+        raw = tl.load(rec[:, None] + d[None, :], mask=nope_mask, other=0)
+        nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        # The scale bytes sit in the page footer; block 7 is padding and is
+        # replaced by exponent 127 (a factor of one) so the reshape below can
+        # treat all eight 64-wide blocks alike.
+        j = tl.arange(0, 8)
+        sc_ptr = page_base + page_size * 576 + in_page * 8
+        sc = tl.load(
+            sc_ptr[:, None] + j[None, :],
+            mask=valid[:, None] & (j < 7)[None, :],
+            other=127,
+        )
+        # UE8M0 byte e encodes 2 ** (e - 127): exactly the float32 whose
+        # exponent field is e, which avoids an exp2 per element.
+        scale = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+        deq = tl.reshape(
+            tl.reshape(nope, (BLOCK_N, 8, 64)) * scale[:, :, None], (BLOCK_N, 512)
+        )
+        rope_ptr = (rec + 448).to(tl.pointer_type(tl.bfloat16))
+        rope_mask = valid[:, None] & (d >= 448)[None, :]
+        rope = tl.load(rope_ptr[:, None] + (d - 448)[None, :], mask=rope_mask, other=0)
+        kv = tl.where((d < 448)[None, :], deq, rope.to(tl.float32)).to(tl.bfloat16)
+    else:
+        row = pool_ptr + page * page_stride + in_page * token_stride
+        kv = tl.load(row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    return kv
+
+
+@triton.jit
+def _attend_segment(
+    acc,
+    m_i,
+    l_i,
+    q,
+    idx_ptr,
+    idx_stride,
+    seg_len,
+    chunk_lo,
+    chunk_hi,
+    pool_ptr,
+    page_size,
+    page_stride,
+    token_stride,
+    qk_scale,
+    IS_FP8: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Online-softmax accumulation over chunks [chunk_lo, chunk_hi) of one
+    segment. Scores are kept in the base-2 domain (qk_scale includes log2 e)."""
+    offs = tl.arange(0, BLOCK_N)
+    for c in range(chunk_lo, chunk_hi):
+        pos = c * BLOCK_N + offs
+        in_len = pos < seg_len
+        slots = tl.load(idx_ptr + pos * idx_stride, mask=in_len, other=-1)
+        valid = in_len & (slots >= 0)
+        kv = _load_kv_tile(
+            pool_ptr,
+            slots,
+            valid,
+            page_size,
+            page_stride,
+            token_stride,
+            IS_FP8,
+            BLOCK_N,
+        )
+        s = tl.dot(q, tl.trans(kv)) * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row whose candidates so far are all masked keeps m = -inf; shift
+        # by 0 instead so exp2 sees -inf - 0 rather than -inf - -inf = NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_shift)
+        p = tl.exp2(s - m_shift[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), kv)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _sparse_mla_fwd_kernel(
+    q_ptr,
+    q_stride_t,
+    q_stride_h,
+    out_ptr,
+    out_stride_t,
+    out_stride_h,
+    part_out_ptr,  # [T, H, S, 512] fp32, split path only
+    part_lse_ptr,  # [T, H, S] fp32 (base-2 log-sum-exp), split path only
+    sinks_ptr,
+    num_heads,
+    qk_scale,
+    # SWA segment
+    swa_pool_ptr,
+    swa_page_size,
+    swa_page_stride,
+    swa_token_stride,
+    swa_idx_ptr,
+    swa_idx_stride_t,
+    swa_idx_stride_k,
+    swa_lens_ptr,
+    swa_cap,
+    # compressed segment
+    cmp_pool_ptr,
+    cmp_page_size,
+    cmp_page_stride,
+    cmp_token_stride,
+    cmp_idx_ptr,
+    cmp_idx_stride_t,
+    cmp_idx_stride_k,
+    cmp_lens_ptr,
+    cmp_cap,
+    chunks_per_split,
+    num_splits,
+    SWA_FP8: tl.constexpr,
+    HAS_CMP: tl.constexpr,
+    CMP_FP8: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pid_h = tl.program_id(1)
+    split = tl.program_id(2)
+
+    d = tl.arange(0, 512)
+    heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < num_heads
+    q = tl.load(
+        q_ptr + t * q_stride_t + heads[:, None] * q_stride_h + d[None, :],
+        mask=hmask[:, None],
+        other=0.0,
+    )
+
+    acc = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
+    m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
+
+    # The two segments form one virtual candidate list, cut into chunks of
+    # BLOCK_N; this program owns chunks [lo, hi) of it. Chunks past a row's
+    # length are skipped without touching memory.
+    lo = split * chunks_per_split
+    hi = lo + chunks_per_split
+    swa_chunks = tl.cdiv(swa_cap, BLOCK_N)
+    swa_len = tl.minimum(tl.load(swa_lens_ptr + t), swa_cap)
+    acc, m_i, l_i = _attend_segment(
+        acc,
+        m_i,
+        l_i,
+        q,
+        swa_idx_ptr + t * swa_idx_stride_t,
+        swa_idx_stride_k,
+        swa_len,
+        tl.minimum(lo, swa_chunks),
+        tl.minimum(hi, tl.cdiv(swa_len, BLOCK_N)),
+        swa_pool_ptr,
+        swa_page_size,
+        swa_page_stride,
+        swa_token_stride,
+        qk_scale,
+        SWA_FP8,
+        BLOCK_N,
+    )
+    if HAS_CMP:
+        cmp_len = tl.minimum(tl.load(cmp_lens_ptr + t), cmp_cap)
+        acc, m_i, l_i = _attend_segment(
+            acc,
+            m_i,
+            l_i,
+            q,
+            cmp_idx_ptr + t * cmp_idx_stride_t,
+            cmp_idx_stride_k,
+            cmp_len,
+            tl.maximum(lo - swa_chunks, 0),
+            tl.minimum(hi - swa_chunks, tl.cdiv(cmp_len, BLOCK_N)),
+            cmp_pool_ptr,
+            cmp_page_size,
+            cmp_page_stride,
+            cmp_token_stride,
+            qk_scale,
+            CMP_FP8,
+            BLOCK_N,
+        )
+
+    if SPLIT:
+        # Partial results are normalised per split so the combine kernel only
+        # needs each split's log-sum-exp to weight them.
+        inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_i), float("-inf"))
+        row = (t * num_heads + heads) * num_splits + split
+        tl.store(
+            part_out_ptr + row[:, None] * 512 + d[None, :],
+            acc * inv_l[:, None],
+            mask=hmask[:, None],
+        )
+        tl.store(part_lse_ptr + row, lse, mask=hmask)
+    else:
+        denom = l_i
+        if HAS_SINKS:
+            # The sink is one more logit in the softmax denominator with no
+            # value row: it only rescales the output.
+            sink = tl.load(sinks_ptr + heads, mask=hmask, other=float("-inf"))
+            m_shift = tl.where(m_i == float("-inf"), 0.0, m_i)
+            denom += tl.exp2(sink * 1.4426950408889634 - m_shift)
+        inv = tl.where(denom > 0.0, 1.0 / denom, 0.0)
+        tl.store(
+            out_ptr + t * out_stride_t + heads[:, None] * out_stride_h + d[None, :],
+            (acc * inv[:, None]).to(tl.bfloat16),
+            mask=hmask[:, None],
+        )
+
+
+@triton.jit
+def _sparse_mla_combine_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    out_stride_t,
+    out_stride_h,
+    sinks_ptr,
+    num_heads,
+    num_splits,
+    HAS_SINKS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    SPLITS_POW2: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < num_heads
+    s_offs = tl.arange(0, SPLITS_POW2)
+    rows = (t * num_heads + heads) * num_splits
+    lse = tl.load(
+        part_lse_ptr + rows[:, None] + s_offs[None, :],
+        mask=hmask[:, None] & (s_offs < num_splits)[None, :],
+        other=float("-inf"),
+    )
+    m = tl.max(lse, 1)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=hmask, other=float("-inf"))
+        m = tl.maximum(m, sink * 1.4426950408889634)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    denom = tl.sum(tl.exp2(lse - m[:, None]), 1)
+    if HAS_SINKS:
+        denom += tl.exp2(sink * 1.4426950408889634 - m)
+    inv = tl.where(denom > 0.0, 1.0 / denom, 0.0)
+
+    d = tl.arange(0, 512)
+    acc = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
+    for s in range(num_splits):
+        w = tl.exp2(tl.load(part_lse_ptr + rows + s, mask=hmask, other=0.0) - m)
+        part = tl.load(
+            part_out_ptr + (rows + s)[:, None] * 512 + d[None, :],
+            mask=hmask[:, None],
+            other=0.0,
+        )
+        acc += part * w[:, None]
+    tl.store(
+        out_ptr + t * out_stride_t + heads[:, None] * out_stride_h + d[None, :],
+        (acc * inv[:, None]).to(tl.bfloat16),
+        mask=hmask[:, None],
+    )
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _pool_geometry(
+    pool: torch.Tensor, kv_layout: str, name: str
+) -> tuple[torch.Tensor, bool, int, int, int]:
+    """Return (pool, is_fp8_record, page_size, page_stride, token_stride).
+
+    Strides are in elements of the returned pool's dtype (bytes for packed
+    records, BF16 elements otherwise).
+    """
+    if pool.dtype == torch.float8_e4m3fn:
+        pool = pool.view(torch.uint8)
+    if pool.ndim == 4:
+        page_dim = 2 if kv_layout == "HND" else 1
+        head_dim = 1 if kv_layout == "HND" else 2
+        if kv_layout not in ("HND", "NHD"):
+            raise ValueError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
+        if pool.shape[head_dim] != 1:
+            raise ValueError(
+                f"{name} must have a single KV head in dim {head_dim} for "
+                f"kv_layout={kv_layout!r}, got shape {tuple(pool.shape)}"
+            )
+    elif pool.ndim == 3:
+        page_dim = 1
+    else:
+        raise ValueError(
+            f"{name} must be [pages, page_size, width] or a 4-D NHD/HND pool, "
+            f"got shape {tuple(pool.shape)}"
+        )
+    page_size = pool.shape[page_dim]
+    if pool.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension")
+    if pool.dtype == torch.uint8:
+        if pool.shape[-1] != _RECORD_BYTES:
+            raise ValueError(
+                f"packed {name} must have {_RECORD_BYTES}-byte fp8_ds_mla records, "
+                f"got width {pool.shape[-1]}"
+            )
+        if pool.stride(0) < page_size * _RECORD_BYTES:
+            raise ValueError(
+                f"{name} page stride {pool.stride(0)} B is smaller than "
+                f"page_size * {_RECORD_BYTES} B"
+            )
+        return pool, True, page_size, pool.stride(0), _VALUE_BYTES
+    if pool.dtype != torch.bfloat16 or pool.shape[-1] != _HEAD_DIM:
+        raise ValueError(
+            f"{name} must be a packed uint8 pool (width {_RECORD_BYTES}) or a "
+            f"BF16 pool (width {_HEAD_DIM}), got {pool.dtype} width {pool.shape[-1]}"
+        )
+    return pool, False, page_size, pool.stride(0), pool.stride(page_dim)
+
+
+def _indices_2d(indices: torch.Tensor, num_tokens: int, name: str) -> torch.Tensor:
+    if indices.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32, got {indices.dtype}")
+    if indices.ndim == 3:
+        if indices.shape[1] != 1:
+            raise ValueError(f"{name} must be [tokens, 1, k], got {indices.shape}")
+        indices = indices[:, 0, :]
+    if indices.ndim != 2 or indices.shape[0] != num_tokens:
+        raise ValueError(
+            f"{name} must be [{num_tokens}, 1, k], got {tuple(indices.shape)}"
+        )
+    return indices
+
+
+def _default_config(
+    num_tokens: int, num_heads: int, num_chunks: int, device: torch.device
+) -> tuple[int, int]:
+    """(block_h, num_splits): split the candidates only while the
+    (token, head-block) grid alone leaves most multiprocessors idle."""
+    block_h = 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
+    base = num_tokens * triton.cdiv(num_heads, block_h)
+    sms = _num_sms(device.index if device.index is not None else 0)
+    if base >= sms:
+        return block_h, 1
+    splits = min(triton.cdiv(2 * sms, base), num_chunks)
+    return block_h, max(splits, 1)
+
+
+def _launch(
+    query: torch.Tensor,
+    swa_kv_cache: torch.Tensor,
+    sparse_indices: torch.Tensor,
+    swa_topk_lens: torch.Tensor,
+    out: torch.Tensor,
+    sm_scale: float,
+    sinks: torch.Tensor | None,
+    compressed_kv_cache: torch.Tensor | None,
+    extra_sparse_indices: torch.Tensor | None,
+    extra_sparse_topk_lens: torch.Tensor | None,
+    kv_layout: str,
+    *,
+    block_n: int = 64,
+    block_h: int | None = None,
+    num_splits: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int = 1,
+) -> torch.Tensor:
+    if query.ndim != 3 or query.shape[-1] != _HEAD_DIM:
+        raise ValueError(f"query must be [tokens, heads, 512], got {query.shape}")
+    if query.dtype != torch.bfloat16:
+        raise ValueError(f"query must be BF16, got {query.dtype}")
+    num_tokens, num_heads, _ = query.shape
+    if not 1 <= num_heads <= 128:
+        raise ValueError(f"num_heads must be in 1..128, got {num_heads}")
+    if out.shape != query.shape or out.dtype != torch.bfloat16:
+        raise ValueError(
+            f"out must be BF16 {tuple(query.shape)}, got {out.dtype} {tuple(out.shape)}"
+        )
+    if query.stride(-1) != 1 or out.stride(-1) != 1:
+        raise ValueError("query and out must be contiguous in the head dim")
+    if (extra_sparse_indices is None) != (extra_sparse_topk_lens is None):
+        raise ValueError("extra_sparse_indices and extra_sparse_topk_lens go together")
+    has_cmp = extra_sparse_indices is not None
+    if has_cmp and compressed_kv_cache is None:
+        raise ValueError("extra_sparse_indices needs compressed_kv_cache")
+    if num_tokens == 0:
+        return out
+
+    swa_pool, swa_fp8, swa_ps, swa_pstride, swa_tstride = _pool_geometry(
+        swa_kv_cache, kv_layout, "swa_kv_cache"
+    )
+    swa_idx = _indices_2d(sparse_indices, num_tokens, "sparse_indices")
+    swa_cap = swa_idx.shape[1]
+    if has_cmp:
+        assert compressed_kv_cache is not None and extra_sparse_indices is not None
+        cmp_pool, cmp_fp8, cmp_ps, cmp_pstride, cmp_tstride = _pool_geometry(
+            compressed_kv_cache, kv_layout, "compressed_kv_cache"
+        )
+        cmp_idx = _indices_2d(extra_sparse_indices, num_tokens, "extra_sparse_indices")
+        cmp_lens = extra_sparse_topk_lens
+        cmp_cap = cmp_idx.shape[1]
+    else:
+        # Never dereferenced: HAS_CMP is a compile-time False.
+        cmp_pool, cmp_fp8, cmp_ps, cmp_pstride, cmp_tstride = swa_pool, False, 1, 0, 0
+        cmp_idx, cmp_lens, cmp_cap = swa_idx, swa_topk_lens, 0
+
+    num_chunks = triton.cdiv(swa_cap, block_n) + triton.cdiv(cmp_cap, block_n)
+    default_bh, default_splits = _default_config(
+        num_tokens, num_heads, max(num_chunks, 1), query.device
+    )
+    block_h = block_h or default_bh
+    num_splits = num_splits or default_splits
+    num_splits = max(1, min(num_splits, max(num_chunks, 1)))
+    chunks_per_split = triton.cdiv(max(num_chunks, 1), num_splits)
+    # Recompute so no split is left with an empty range by the rounding.
+    num_splits = triton.cdiv(max(num_chunks, 1), chunks_per_split)
+    if num_warps is None:
+        num_warps = 8 if block_h >= 64 else 4
+
+    split = num_splits > 1
+    if split:
+        part_out = torch.empty(
+            (num_tokens, num_heads, num_splits, _HEAD_DIM),
+            dtype=torch.float32,
+            device=query.device,
+        )
+        part_lse = torch.empty(
+            (num_tokens, num_heads, num_splits),
+            dtype=torch.float32,
+            device=query.device,
+        )
+    else:
+        part_out = part_lse = out  # unused placeholders
+    has_sinks = sinks is not None
+    sinks_arg = sinks if has_sinks else query
+
+    grid = (num_tokens, triton.cdiv(num_heads, block_h), num_splits)
+    _sparse_mla_fwd_kernel[grid](
+        query,
+        query.stride(0),
+        query.stride(1),
+        out,
+        out.stride(0),
+        out.stride(1),
+        part_out,
+        part_lse,
+        sinks_arg,
+        num_heads,
+        float(sm_scale) * _LOG2E,
+        swa_pool,
+        swa_ps,
+        swa_pstride,
+        swa_tstride,
+        swa_idx,
+        swa_idx.stride(0),
+        swa_idx.stride(1),
+        swa_topk_lens,
+        swa_cap,
+        cmp_pool,
+        cmp_ps,
+        cmp_pstride,
+        cmp_tstride,
+        cmp_idx,
+        cmp_idx.stride(0),
+        cmp_idx.stride(1),
+        cmp_lens,
+        cmp_cap,
+        chunks_per_split,
+        num_splits,
+        SWA_FP8=swa_fp8,
+        HAS_CMP=has_cmp,
+        CMP_FP8=cmp_fp8,
+        HAS_SINKS=has_sinks,
+        SPLIT=split,
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if split:
+        combine_bh = 4
+        _sparse_mla_combine_kernel[(num_tokens, triton.cdiv(num_heads, combine_bh))](
+            part_out,
+            part_lse,
+            out,
+            out.stride(0),
+            out.stride(1),
+            sinks_arg,
+            num_heads,
+            num_splits,
+            HAS_SINKS=has_sinks,
+            BLOCK_H=combine_bh,
+            SPLITS_POW2=triton.next_power_of_2(num_splits),
+            num_warps=4,
+        )
+    return out
+
+
+def triton_sparse_mla_dsv41(
+    query: torch.Tensor,
+    swa_kv_cache: torch.Tensor,
+    sparse_indices: torch.Tensor,
+    swa_topk_lens: torch.Tensor,
+    out: torch.Tensor,
+    sm_scale: float,
+    sinks: torch.Tensor | None = None,
+    compressed_kv_cache: torch.Tensor | None = None,
+    extra_sparse_indices: torch.Tensor | None = None,
+    extra_sparse_topk_lens: torch.Tensor | None = None,
+    kv_layout: str = "NHD",
+) -> torch.Tensor:
+    """Sparse MLA over an SWA segment and an optional compressed segment.
+
+    Decode (few tokens) splits each token's candidates across programs and
+    merges the partial softmaxes with a second small kernel; prefill (many
+    tokens) runs one program per (token, head block). Launch-only: no host
+    synchronisation, safe to capture in a CUDA graph.
+
+    Args:
+        query: ``[tokens, heads, 512]`` BF16, ``heads`` in 1..128, contiguous
+            in the last dim. Dims 0..447 are NoPE, 448..511 RoPE.
+        swa_kv_cache: SWA pool, one latent row per slot. Either packed
+            ``fp8_ds_mla`` records (uint8 or float8_e4m3fn, width 584; page
+            layout in the module docstring) or BF16 rows of width 512. Shape
+            ``[pages, page_size, 1, width]`` for ``kv_layout="NHD"``,
+            ``[pages, 1, page_size, width]`` for ``"HND"``, or
+            ``[pages, page_size, width]``. The page stride (``stride(0)``) may
+            exceed one page's data (padded pools).
+        sparse_indices: ``[tokens, 1, W]`` (or ``[tokens, W]``) int32 slot ids
+            into ``swa_kv_cache``, slot = page * page_size + offset. ``-1``
+            marks an unused entry.
+        swa_topk_lens: ``[tokens]`` int32, how many leading entries of each
+            row of ``sparse_indices`` are live; later entries are ignored.
+        out: ``[tokens, heads, 512]`` BF16, written in place. A row with no
+            live candidate gets zeros.
+        sm_scale: softmax scale applied to q.k.
+        sinks: optional ``[heads]`` float32 per-head sink logits (same scale
+            as ``sm_scale * q.k``) that join the softmax denominator without a
+            value row; ``-inf`` means no sink.
+        compressed_kv_cache: optional compressed pool, same formats as
+            ``swa_kv_cache`` (its own page size and stride).
+        extra_sparse_indices: ``[tokens, 1, K]`` int32 slot ids into
+            ``compressed_kv_cache``; ``-1`` marks an unused entry. Given
+            together with ``extra_sparse_topk_lens``.
+        extra_sparse_topk_lens: ``[tokens]`` int32 live lengths of the
+            compressed segment.
+        kv_layout: ``"NHD"`` or ``"HND"``: where the single KV-head axis of a
+            4-D pool sits.
+
+    Returns:
+        ``out``. V is the same 512-wide row as K (``d_v == d_qk == 512``).
+    """
+    return _launch(
+        query,
+        swa_kv_cache,
+        sparse_indices,
+        swa_topk_lens,
+        out,
+        sm_scale,
+        sinks,
+        compressed_kv_cache,
+        extra_sparse_indices,
+        extra_sparse_topk_lens,
+        kv_layout,
+    )
