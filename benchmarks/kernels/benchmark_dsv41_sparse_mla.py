@@ -156,19 +156,21 @@ def bench(fn, rep_ms: int = 200) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
 
 
-def check(x) -> float:
+def check(x, **cfg) -> float:
     ref = run_torch(x).double()
     x["out"].fill_(float("nan"))
-    out = run_triton(x).double()
+    out = run_triton(x, **cfg).double()
     if torch.isnan(out).any():
         return float("nan")
     return ((out - ref).norm() / ref.norm()).item()
 
 
-def point(tokens: int, heads: int, kind: str, with_torch: bool, **cfg) -> dict:
+def point(
+    tokens: int, heads: int, kind: str, with_torch: bool, rep_ms: int = 200, **cfg
+) -> dict:
     x = make_inputs(tokens, heads)
-    err = check(x)
-    t_ms = bench(lambda: run_triton(x, **cfg))
+    err = check(x, **cfg)
+    t_ms = bench(lambda: run_triton(x, **cfg), rep_ms)
     flops, bytes_ = cost(tokens, heads)
     floor_s = max(bytes_ / PEAK_BW, flops / PEAK_FLOPS)
     row = dict(
@@ -196,30 +198,35 @@ def point(tokens: int, heads: int, kind: str, with_torch: bool, **cfg) -> dict:
 
 
 def sweep(points: list[tuple[int, int]]) -> list[dict]:
+    """Time launch configurations around the defaults (no torch baseline)."""
     rows = []
     for tokens, heads in points:
-        for block_n in (32, 64):
-            for num_warps in (4, 8):
-                for num_stages in (1, 2, 3):
-                    for splits in (None, 1, 2, 4, 8, 16):
-                        if splits and tokens >= 128 and splits > 2:
-                            continue
-                        if splits and tokens <= 8 and splits < 4:
-                            continue
+        warps = (8,) if heads > 32 else (4,)
+        if tokens >= 128:
+            split_choices = (None, 1, 2)
+        elif tokens >= 32:
+            split_choices = (None, 2, 4, 8)
+        else:
+            split_choices = (None, 8, 16, 40)
+        for block_n in (16, 32, 64):
+            for num_warps in warps:
+                for num_stages in (1, 2):
+                    for splits in split_choices:
                         cfg = dict(
                             block_n=block_n, num_warps=num_warps, num_stages=num_stages
                         )
                         if splits:
                             cfg["num_splits"] = splits
                         try:
-                            r = point(tokens, heads, "sweep", False, **cfg)
+                            r = point(tokens, heads, "sweep", False, rep_ms=50, **cfg)
                         except Exception as e:  # resource limits of a config
                             print(f"  {tokens} {heads} {cfg}: {type(e).__name__}")
                             continue
                         rows.append(r)
                         print(
                             f"  T={tokens:4d} H={heads:3d} {cfg} "
-                            f"{r['time_us']:8.1f} us {r['pct_of_floor']:5.1f}%"
+                            f"{r['time_us']:8.1f} us {r['pct_of_floor']:5.1f}% "
+                            f"err {r['rel_err_vs_torch']:.1e}"
                         )
     return rows
 
@@ -254,6 +261,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--sweep", action="store_true", help="try launch configs")
+    ap.add_argument("--sweep-only", action="store_true", help="only the sweep")
     ap.add_argument("--prefill-tokens", type=int, default=4096)
     ap.add_argument("--prefill-heads", type=int, default=128)
     args = ap.parse_args()

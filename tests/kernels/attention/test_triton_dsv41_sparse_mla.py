@@ -13,6 +13,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from tests.v1.attention.dsv41.sparse_mla_reference import (
+    SUPPORTED_NUM_HEADS,
+    alloc_fp8_ds_mla_pool,
+    alloc_plain_pool,
+    read_fp8_ds_mla,
+    reference_sparse_mla_dsv4,
+    write_fp8_ds_mla,
+    write_plain_pool,
+)
 from vllm.v1.attention.ops.triton_dsv41_sparse_mla import (
     _launch,
     triton_sparse_mla_dsv41,
@@ -23,7 +32,6 @@ pytestmark = pytest.mark.skipif(
     reason="the Triton sparse-MLA kernel needs a CUDA GPU",
 )
 
-NOPE = 448
 DIM = 512
 # Error budget: BF16 P and BF16 output against a float64 reference land near
 # 3e-3; a single wrong row or a lost sink moves it by far more than this.
@@ -37,26 +45,16 @@ def _device() -> torch.device:
 
 @dataclass
 class Pool:
-    cache: torch.Tensor  # what the kernel gets
-    rows: torch.Tensor  # [pages * page_size, 512] float64, dequantized
+    cache: torch.Tensor  # what the kernel gets (on the GPU)
+    cpu_cache: torch.Tensor  # the same bytes on the CPU, for the shared reference
+    rows: torch.Tensor  # [pages * page_size, 512] float64, what the pool holds
 
 
-def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """UE8M0 block quantisation of the 448 NoPE dims, 64 dims per block.
-
-    Returns (fp8 values [N, 448], exponents [N, 7] int, rope [N, 64] bf16,
-    dequantized rows [N, 512] float64).
-    """
-    n = rows.shape[0]
-    nope = rows[:, :NOPE].float().reshape(n, 7, 64)
-    amax = nope.abs().amax(-1).clamp_min(1e-4)
-    exponent = torch.ceil(torch.log2(amax / 448.0))
-    scaled = (nope / torch.exp2(exponent)[..., None]).clamp(-448.0, 448.0)
-    fp8 = scaled.to(torch.float8_e4m3fn)
-    deq_nope = fp8.double() * torch.exp2(exponent.double())[..., None]
-    rope = rows[:, NOPE:].to(torch.bfloat16)
-    deq = torch.cat([deq_nope.reshape(n, NOPE), rope.double()], dim=1)
-    return fp8.reshape(n, NOPE), exponent.to(torch.int32), rope, deq
+def _to_device_keep_strides(t: torch.Tensor) -> torch.Tensor:
+    # .to() would compact the tensor and drop the page padding under test.
+    dst = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=_device())
+    dst.copy_(t)
+    return dst
 
 
 def make_pool(
@@ -67,47 +65,35 @@ def make_pool(
     pad: int = 0,
     seed: int = 0,
 ) -> Pool:
-    """A paged pool of random rows. ``pad`` adds bytes (FP8) or rows (BF16)
-    after each page so the page stride exceeds one page's data."""
+    """A paged pool of random rows, written with the shared reference's
+    writers. ``pad`` adds bytes (FP8) or rows (BF16) after each page so the
+    page stride exceeds one page's data; the padding holds random garbage."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     n = num_pages * page_size
     rows = torch.randn(n, DIM, generator=g) * 2.0
+    slots = torch.arange(n)
+    ref_layout = "3D" if layout == "3d" else layout
     if record == "bf16":
-        rows_bf16 = rows.to(torch.bfloat16)
-        buf = torch.full((num_pages, page_size + pad, DIM), float("nan"))
-        buf = buf.to(torch.bfloat16)
-        buf[:, :page_size] = rows_bf16.reshape(num_pages, page_size, DIM)
-        buf = buf.to(_device())
-        stride = ((page_size + pad) * DIM, DIM, DIM, 1)
-        return Pool(
-            _shape_pool(buf, num_pages, page_size, DIM, stride, layout),
-            rows_bf16.double().to(_device()),
+        cpu = alloc_plain_pool(
+            num_pages,
+            page_size,
+            layout=ref_layout,
+            page_span=page_size + pad,
+            generator=g,
         )
-    fp8, exponent, rope, deq = quantize_rows(rows)
-    page_bytes = page_size * 584 + pad
-    # Random filler: the kernel must never read bytes outside live records.
-    buf = torch.randint(0, 256, (num_pages, page_bytes), generator=g, dtype=torch.uint8)
-    values = buf[:, : page_size * 576].view(num_pages, page_size, 576)
-    values[:, :, :NOPE] = fp8.view(torch.uint8).reshape(num_pages, page_size, NOPE)
-    values[:, :, NOPE:] = (
-        rope.contiguous().view(torch.uint8).reshape(num_pages, page_size, 128)
-    )
-    scales = buf[:, page_size * 576 : page_size * 584].view(num_pages, page_size, 8)
-    scales[:, :, :7] = (exponent + 127).to(torch.uint8).reshape(num_pages, page_size, 7)
-    scales[:, :, 7] = 0
-    buf = buf.to(_device())
-    stride = (page_bytes, 584, 584, 1)
-    return Pool(
-        _shape_pool(buf, num_pages, page_size, 584, stride, layout), deq.to(_device())
-    )
-
-
-def _shape_pool(buf, num_pages, page_size, width, stride, layout):
-    if layout == "NHD":
-        return buf.as_strided((num_pages, page_size, 1, width), stride)
-    if layout == "HND":
-        return buf.as_strided((num_pages, 1, page_size, width), stride)
-    return buf.as_strided((num_pages, page_size, width), stride[:2] + stride[3:])
+        write_plain_pool(cpu, slots, rows, "NHD" if layout == "NHD" else "HND")
+        held = rows.to(torch.bfloat16).double()
+    else:
+        cpu = alloc_fp8_ds_mla_pool(
+            num_pages,
+            page_size,
+            layout=ref_layout,
+            page_stride_bytes=page_size * 584 + pad,
+            generator=g,
+        )
+        write_fp8_ds_mla(cpu, slots, rows)
+        held = read_fp8_ds_mla(cpu, slots).double()
+    return Pool(_to_device_keep_strides(cpu), cpu, held.to(_device()))
 
 
 def make_indices(
@@ -160,6 +146,31 @@ def reference(
         p = p[..., :-1]
     out = torch.einsum("thn,tnd->thd", p, kv)
     return torch.where(denom > 0, out / denom.clamp_min(1e-300), 0.0)
+
+
+def shared_reference(q, segments, sm_scale, sinks, layout="NHD") -> torch.Tensor:
+    (swa, swa_idx, swa_lens), *rest = segments
+    extra = {}
+    if rest:
+        cmp, cmp_idx, cmp_lens = rest[0]
+        extra = dict(
+            compressed_kv_cache=cmp.cpu_cache,
+            extra_sparse_indices=cmp_idx.cpu(),
+            extra_sparse_topk_lens=cmp_lens.cpu(),
+        )
+    out = torch.empty(q.shape, dtype=torch.float32)
+    return reference_sparse_mla_dsv4(
+        query=q.cpu(),
+        swa_kv_cache=swa.cpu_cache,
+        sparse_indices=swa_idx.cpu(),
+        swa_topk_lens=swa_lens.cpu(),
+        out=out,
+        bmm1_scale=sm_scale,
+        sinks=None if sinks is None else sinks.cpu(),
+        kv_layout=layout,
+        backend="sparse",
+        **extra,
+    )
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -256,6 +267,11 @@ def test_matches_reference(heads: int, record: str, both: bool, num_tokens: int)
     ref = reference(q, segments, SM_SCALE, sinks)
     assert not torch.isnan(out).any(), "unwritten or NaN outputs"
     assert rel_err(out, ref) < RTOL
+    if record == "fp8" and heads in SUPPORTED_NUM_HEADS:
+        # The team's CPU model of FlashInfer's SM120 contract, called with
+        # FlashInfer's own keywords, must agree too.
+        shared = shared_reference(q, segments, SM_SCALE, sinks)
+        assert rel_err(out, shared.to(_device()).double()) < RTOL
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 10])
