@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""vLLM 0.30.0's own KV-cache planning accepts the negotiated caches.
+
+The specs of a small DeepSeek V4.1 model (layers of ratio 0, 1 and 2) go
+through vLLM's grouping, page-size handling and KV-cache config, then the
+worker's choice of kernel page per group, as at engine start-up.
+"""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm.config import DeviceConfig, VllmConfig
+from vllm.models.deepseek_v4_1 import report
+from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as fork
+from vllm.models.deepseek_v41.attention import (
+    DeepseekV4IndexerCache,
+    _indexer_k_cache_head_dim,
+)
+from vllm.platforms.interface import DeviceCapability
+from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
+from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
+from vllm.v1.worker.utils import select_common_block_size
+
+HF_CONFIG = SimpleNamespace(**json.loads(report.DEFAULT_CONFIG.read_text()))
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _engine_config(block_size: int) -> VllmConfig:
+    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
+    config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    config.cache_config.block_size = block_size
+    config.cache_config.cache_dtype = "fp8_ds_mla"
+    # The DeepSeek V4 indexer backend packs its pages inside each block.
+    config.cache_config.kv_cache_layout = "BLNHC"
+    # Planning reads only the context length from the model config.
+    object.__setattr__(
+        config,
+        "model_config",
+        SimpleNamespace(original_max_model_len=8192, max_model_len=8192),
+    )
+    return config
+
+
+def _model_specs(capability: DeviceCapability, config: VllmConfig):
+    """Specs and backend per layer, as the built model would report them."""
+    plan = policy.plan_pages(capability)
+    specs = report.cache_specs(capability, HF_CONFIG, plan, "fp8", True)
+    backends = {
+        name: fork.DeepseekSparseSWAFlashInferSM120Backend
+        if name.endswith("swa_cache")
+        else fork.DeepseekV4FlashInferMLASparseBackend
+        for name in specs
+    }
+    # Indexer K caches of kv-source layers: upstream's spec, unchanged.
+    for layer in HF_CONFIG.kv_source_layer_ids:
+        cache = SimpleNamespace(
+            cache_config=config.cache_config,
+            head_dim=_indexer_k_cache_head_dim(HF_CONFIG.index_head_dim, False),
+            dtype=torch.uint8,
+            compress_ratio=HF_CONFIG.compress_ratios[layer],
+        )
+        name = f"model.layers.{layer}.attn.indexer.k_cache"
+        specs[name] = DeepseekV4IndexerCache.get_kv_cache_spec(cache, config)
+        backends[name] = DeepseekV41IndexerBackend
+    return plan, specs, backends
+
+
+@pytest.mark.parametrize("minor", [0, 1])
+def test_sm12x_plan_is_accepted_by_vllm(set_capability, minor):
+    capability = set_capability(12, minor)
+    config = _engine_config(
+        fork.DeepseekV4FlashInferMLASparseBackend.get_preferred_block_size(16)
+    )
+    assert config.cache_config.block_size == 128
+    plan, specs, backends = _model_specs(capability, config)
+
+    # Page sizes from first principles: 64 packed 584-byte records per page,
+    # padded to the 576-byte stride (upstream's alignment rule).
+    page_bytes = _round_up(64 * 584, 576)
+    for layer, ratio in enumerate(HF_CONFIG.compress_ratios):
+        swa = specs[f"model.layers.{layer}.attn.swa_cache"]
+        assert (swa.block_size, swa.page_size_bytes) == (64, page_bytes)
+        if layer in HF_CONFIG.kv_source_layer_ids:
+            compressed = specs[f"model.layers.{layer}.attn"]
+            assert compressed.block_size == 64 * ratio
+            assert compressed.page_size_bytes == page_bytes
+
+    memory = 2 << 30
+    (kv_config,) = get_kv_cache_configs(config, [specs], [memory])
+    grouped = [name for g in kv_config.kv_cache_groups for name in g.layer_names]
+    assert sorted(grouped) == sorted(specs)
+    for group in kv_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        inner = (
+            next(iter(spec.kv_cache_specs.values()))
+            if isinstance(spec, UniformTypeKVCacheSpecs)
+            else spec
+        )
+        group_backends = list(dict.fromkeys(backends[n] for n in group.layer_names))
+        # The worker picks one kernel page per group; it must exist and give
+        # the FlashInfer caches 64 entries per kernel page.
+        kernel_block = select_common_block_size(spec.block_size, group_backends)
+        if fork.DeepseekV4FlashInferMLASparseBackend in group_backends:
+            assert kernel_block // inner.tokens_per_state == 64
+        if fork.DeepseekSparseSWAFlashInferSM120Backend in group_backends:
+            assert kernel_block == 64
+    # Every cache tensor views one backing allocation that fits the memory.
+    assert max(t.size for t in kv_config.kv_cache_tensors) <= memory
+    assert kv_config.num_blocks > 0
+
+
+def test_sm100_plan_is_upstreams(set_capability):
+    capability = set_capability(10, 0)
+    config = _engine_config(128)
+    _, specs, _ = _model_specs(capability, config)
+    assert {s.block_size for n, s in specs.items() if n.endswith("swa_cache")} == {32}
+    assert {s.block_size for n, s in specs.items() if n.endswith(".attn")} == {128}

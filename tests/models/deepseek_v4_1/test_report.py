@@ -1,0 +1,72 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The plan report: what start-up will do, printed without a GPU."""
+
+import json
+
+import pytest
+
+from vllm.models.deepseek_v4_1 import report
+
+
+def _plan(capsys, *args: str) -> tuple[int, dict]:
+    code = report.main(["plan", *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("capability", ["12.0", "12.1"])
+def test_sm12x_plan(capsys, capability):
+    code, plan = _plan(capsys, "--capability", capability)
+    assert code == 0 and plan["error"] is None
+    assert plan["attention_class"].endswith(
+        "deepseek_v4_1.nvidia.flashinfer_sparse.DeepseekV4FlashInferSM120Attention"
+    )
+    assert "SM120" in plan["kernel_path"]
+    assert plan["kv_cache_dtype"] == "fp8_ds_mla"
+    caches = {c["cache"]: c for c in plan["caches"]}
+    assert set(caches) == {"swa", "compressed r=1", "compressed r=2"}
+    for name, tokens in [("swa", 64), ("compressed r=1", 64), ("compressed r=2", 128)]:
+        assert caches[name]["page_tokens"] == tokens
+        assert caches[name]["states_per_page"] == 64
+        # 64 records of 584 bytes padded to a multiple of 576.
+        assert caches[name]["page_bytes"] == 37440
+
+
+def test_sm100_plan(capsys):
+    code, plan = _plan(capsys, "--capability", "10.0")
+    assert code == 0
+    assert plan["attention_class"].endswith("DeepseekV4FlashInferMLAAttention")
+    caches = {c["cache"]: c for c in plan["caches"]}
+    assert caches["swa"]["page_tokens"] == 32
+    # BF16 rows of 512 values: 1024 bytes per state.
+    assert caches["compressed r=1"]["page_bytes"] == 128 * 1024
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--capability", "9.0"], "SM90"),
+        (["--capability", "12.0", "--kv-cache-dtype", "bfloat16"], "bfloat16"),
+        (
+            ["--capability", "12.0", "--num-speculative-tokens", "200", "--non-causal"],
+            "top-k [384]",
+        ),
+    ],
+)
+def test_refused_configs_report_the_start_up_error(capsys, args, needle):
+    code, plan = _plan(capsys, *args)
+    assert code == 1
+    assert needle in plan["error"]
+    assert plan["caches"] == []
+
+
+def test_tensor_parallel_pads_local_heads(capsys):
+    code, plan = _plan(capsys, "--capability", "12.0", "--tp", "16")
+    assert code == 0
+    assert (plan["local_heads"], plan["padded_heads"]) == (8, 8)
+
+
+def test_text_output_names_the_caches(capsys):
+    assert report.main(["plan", "--capability", "12.0"]) == 0
+    out = capsys.readouterr().out
+    assert "compressed r=2" in out and "status: served" in out

@@ -1,0 +1,298 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""KV-cache page sizes for DeepSeek V4.1 sparse MLA through FlashInfer.
+
+The one place that decides, for a GPU architecture, the installed FlashInfer,
+a KV-cache dtype and a layer kind, how many tokens a KV-cache page holds and
+whether the attention shape is served at all. Backends, attention layers and
+the plan report ask this module; nothing else decides page sizes.
+
+What FlashInfer serves is read from FlashInfer itself:
+
+* 0.6.14 - 0.6.18: the SM120 DSV4 decode kernels are instantiated for one page
+  size (``_DECODE_DSV4_PAGE_BLOCK_SIZE``) and a fixed set of
+  ``(num_heads, topk)`` pairs (``_DECODE_DSV4_DISPATCH``). Importing FlashInfer
+  touches CUDA in these releases, so the two tables are read from the module's
+  source without executing it, which also works on GPU-less hosts.
+* 0.7 and later: ``flashinfer.mla.supported_sparse_mla_sm120_configs()``
+  describes each kernel family, page sizes chosen at run time included.
+"""
+
+import ast
+import functools
+import importlib.metadata
+import importlib.util
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+    _SPARSE_MLA_SUPPORTED_Q_HEADS as SUPPORTED_Q_HEADS,
+)
+from vllm.platforms.interface import DeviceCapability
+
+# Upstream vLLM builds the sliding-window cache with this page (any multiple of
+# 32 works for the kernels that take the page size at run time).
+UPSTREAM_SWA_BLOCK_SIZE = 32
+# KV-cache dtypes each kernel family reads (the SM120 kernels read the packed
+# fp8_ds_mla record; TRTLLM-gen reads plain BF16 or per-tensor FP8 rows).
+SM100_KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3")
+SM120_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_ds_mla")
+BACKEND_NAME = "FLASHINFER_MLA_SPARSE_DSV41"
+
+
+@dataclass(frozen=True)
+class SM120Envelope:
+    """What the installed FlashInfer's SM120 sparse-MLA decode kernels serve.
+
+    ``page_sizes`` is None when any positive page size is accepted at run
+    time. ``serves(num_heads, topk)`` answers for the DSV4 family.
+    """
+
+    source: str
+    page_sizes: frozenset[int] | None
+    serves: Callable[[int, int], bool] = field(compare=False)
+    served_heads: tuple[int, ...]
+    served_topks: tuple[int, ...]
+
+    @classmethod
+    def from_dispatch_table(
+        cls, version: str, page_size: int, dispatch: Iterable[tuple[int, int]]
+    ) -> "SM120Envelope":
+        pairs = frozenset((int(h), int(k)) for h, k in dispatch)
+        return cls(
+            source=f"flashinfer {version} (fixed dispatch table)",
+            page_sizes=frozenset({int(page_size)}),
+            serves=lambda heads, topk: (heads, topk) in pairs,
+            served_heads=tuple(sorted({h for h, _ in pairs})),
+            served_topks=tuple(sorted({k for _, k in pairs})),
+        )
+
+    @classmethod
+    def from_decode_config(cls, version: str, config: Any) -> "SM120Envelope":
+        """From a FlashInfer 0.7+ ``SparseMLASm120DecodeConfig``-like object."""
+        if config.page_block_size_is_runtime:
+            page_sizes = None
+        else:
+            page_sizes = frozenset(config.page_block_sizes) or frozenset(
+                {config.page_block_size}
+            )
+        return cls(
+            source=f"flashinfer {version} (supported_sparse_mla_sm120_configs)",
+            page_sizes=page_sizes,
+            serves=lambda heads, topk: bool(
+                config.supports_decode(
+                    heads,
+                    topk,
+                    page_block_size=None if page_sizes is None else min(page_sizes),
+                )
+            ),
+            served_heads=tuple(config.supported_num_heads()),
+            served_topks=tuple(sorted(config.topks)),
+        )
+
+
+def _flashinfer_version() -> str | None:
+    try:
+        return importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _read_static_tables(version: str) -> SM120Envelope | None:
+    spec = importlib.util.find_spec("flashinfer")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    source = Path(spec.submodule_search_locations[0], "mla", "_sparse_mla_sm120.py")
+    if not source.is_file():
+        return None
+    values: dict[str, Any] = {}
+    wanted = ("_DECODE_DSV4_DISPATCH", "_DECODE_DSV4_PAGE_BLOCK_SIZE")
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            name = getattr(node.targets[0], "id", None)
+            if name in wanted:
+                value = node.value
+                # frozenset({...}) literal: evaluate the set inside.
+                if isinstance(value, ast.Call) and value.args:
+                    value = value.args[0]
+                values[name] = ast.literal_eval(value)
+    if set(values) != set(wanted):
+        return None
+    return SM120Envelope.from_dispatch_table(
+        version, values[wanted[1]], values[wanted[0]]
+    )
+
+
+def _family_for_record(bytes_per_token: int) -> str:
+    # FlashInfer names the 584-byte record's family dsv4 and the 528-byte
+    # MXFP8 record's family dsv4_1.
+    return "dsv4_1" if bytes_per_token == 528 else "dsv4"
+
+
+@functools.cache
+def installed_sm120_envelope(bytes_per_token: int = 584) -> SM120Envelope | None:
+    """The SM120 envelope of the installed FlashInfer; None if it has none."""
+    version = _flashinfer_version()
+    if version is None:
+        return None
+    major_minor = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if major_minor >= (0, 7):
+        from flashinfer.mla import supported_sparse_mla_sm120_configs
+
+        configs = supported_sparse_mla_sm120_configs()
+        config = configs.get(_family_for_record(bytes_per_token))
+        return (
+            None
+            if config is None
+            else SM120Envelope.from_decode_config(version, config)
+        )
+    return _read_static_tables(version)
+
+
+class UnsupportedSparseMLAConfig(ValueError):
+    """A DeepSeek V4.1 configuration no FlashInfer sparse-MLA kernel serves."""
+
+
+@dataclass(frozen=True)
+class PagePlan:
+    """The negotiated KV-cache geometry for one architecture.
+
+    ``swa_block_size``: tokens per sliding-window page. ``compressed_states``:
+    compressed states per compressed-KV page, or None to keep the cache
+    config's block size (upstream's behaviour).
+    """
+
+    capability: DeviceCapability
+    kernel_path: str
+    swa_block_size: int
+    compressed_states: int | None
+    envelope: SM120Envelope | None = None
+
+    def compressed_block_size(self, compress_ratio: int) -> int | None:
+        """Tokens per compressed-KV page for a layer of ``compress_ratio``."""
+        if compress_ratio <= 0 or self.compressed_states is None:
+            return None
+        return self.compressed_states * compress_ratio
+
+    def kernel_block_sizes(self, compress_ratios: Iterable[int]) -> list[int]:
+        """Token page sizes the compressed-KV kernels take, largest first."""
+        sizes = {self.compressed_block_size(r) for r in compress_ratios if r > 0}
+        return sorted((s for s in sizes if s is not None), reverse=True)
+
+
+def is_sm100(capability: DeviceCapability) -> bool:
+    return capability.major == 10
+
+
+def is_sm120(capability: DeviceCapability) -> bool:
+    return capability.major == 12
+
+
+def plan_pages(
+    capability: DeviceCapability, envelope: SM120Envelope | None = None
+) -> PagePlan:
+    """Page sizes for ``capability``; raises if the backend cannot run there.
+
+    ``envelope`` defaults to the installed FlashInfer's (SM12x only).
+    """
+    if is_sm100(capability):
+        # TRTLLM-gen takes the page size at run time: keep upstream's pages.
+        return PagePlan(
+            capability, "flashinfer-trtllm-gen", UPSTREAM_SWA_BLOCK_SIZE, None
+        )
+    if not is_sm120(capability):
+        raise UnsupportedSparseMLAConfig(
+            f"{BACKEND_NAME} runs on SM10x (B200, GB200) and SM12x (RTX 50xx, "
+            f"RTX PRO 6000, GB10); this GPU is SM{capability.to_int()}. "
+            "On SM90 (H100, H200) use --attention-backend FLASHMLA_SPARSE_DSV41, "
+            "vLLM's default there."
+        )
+    if envelope is None:
+        envelope = installed_sm120_envelope()
+    if envelope is None:
+        raise UnsupportedSparseMLAConfig(
+            f"{BACKEND_NAME} on SM12x needs FlashInfer's SM120 sparse-MLA "
+            "kernels (flashinfer-python>=0.6.14); none were found. Install "
+            "flashinfer-python==0.6.18.post1 or newer."
+        )
+    if envelope.page_sizes is None:
+        # Runtime page sizes: upstream's geometry already works.
+        return PagePlan(
+            capability, "flashinfer-sm120", UPSTREAM_SWA_BLOCK_SIZE, None, envelope
+        )
+    page = min(envelope.page_sizes)
+    return PagePlan(capability, "flashinfer-sm120", page, page, envelope)
+
+
+def pad_q_heads(num_local_heads: int) -> int:
+    """The head count the kernels run at for ``num_local_heads``."""
+    for heads in SUPPORTED_Q_HEADS:
+        if num_local_heads <= heads:
+            return heads
+    raise UnsupportedSparseMLAConfig(
+        f"{BACKEND_NAME} serves at most {SUPPORTED_Q_HEADS[-1]} attention heads "
+        f"per GPU, but this model has {num_local_heads} after tensor "
+        f"parallelism (kernels take {list(SUPPORTED_Q_HEADS)}). Increase "
+        "--tensor-parallel-size."
+    )
+
+
+def check_kv_cache_dtype(capability: DeviceCapability, kv_cache_dtype: str) -> None:
+    """Raise unless the kernels for ``capability`` read ``kv_cache_dtype``."""
+    if is_sm100(capability):
+        allowed, why = SM100_KV_CACHE_DTYPES, "plain BF16 or per-tensor FP8 rows"
+    elif is_sm120(capability):
+        allowed, why = SM120_KV_CACHE_DTYPES, "the packed fp8_ds_mla record"
+    else:
+        return
+    if kv_cache_dtype not in allowed:
+        raise UnsupportedSparseMLAConfig(
+            f"{BACKEND_NAME} on SM{capability.to_int()} reads {why}; "
+            f"--kv-cache-dtype {kv_cache_dtype} is not served. Use one of: "
+            f"{', '.join(allowed)}."
+        )
+
+
+def check_served(plan: PagePlan, padded_heads: int, topks: Iterable[int]) -> None:
+    """Raise unless every ``(padded_heads, topk)`` decode shape is served."""
+    envelope = plan.envelope
+    if envelope is None:
+        return
+    missing = sorted({k for k in topks if not envelope.serves(padded_heads, k)})
+    if missing:
+        raise UnsupportedSparseMLAConfig(
+            f"{BACKEND_NAME} on SM12x: {envelope.source} has no decode kernel "
+            f"for {padded_heads} heads with top-k {missing}. It serves heads "
+            f"{list(envelope.served_heads)} and top-k "
+            f"{list(envelope.served_topks)}. Change the speculative token "
+            "count, upgrade FlashInfer, or choose another --attention-backend."
+        )
+
+
+@dataclass(frozen=True)
+class LayerGeometry:
+    """The negotiated answer for a whole model on one architecture."""
+
+    plan: PagePlan
+    padded_heads: int
+    kv_cache_dtype: str
+    swa_topks: tuple[int, ...]
+
+
+def negotiate(
+    capability: DeviceCapability,
+    *,
+    num_local_heads: int,
+    kv_cache_dtype: str,
+    swa_topks: Iterable[int],
+    envelope: SM120Envelope | None = None,
+) -> LayerGeometry:
+    """Everything start-up must know, or one error naming the fix."""
+    plan = plan_pages(capability, envelope)
+    check_kv_cache_dtype(capability, kv_cache_dtype)
+    padded = pad_q_heads(num_local_heads)
+    topks = tuple(sorted(set(swa_topks)))
+    check_served(plan, padded, topks)
+    return LayerGeometry(plan, padded, kv_cache_dtype, topks)
