@@ -46,6 +46,12 @@ def main() -> None:
         subprocess.run(
             [python, REPO / "tools" / "fork" / "smoke.py"], check=True, cwd=cwd
         )
+        for capability in PLAN_CAPABILITIES:
+            subprocess.run(
+                [python, "-m", "vllm.models.deepseek_v4_1.report", "plan",
+                 "--capability", capability],
+                check=True, cwd=cwd,
+            )  # fmt: skip
     log(f"fork wheel ready: {wheel}")
 
 
