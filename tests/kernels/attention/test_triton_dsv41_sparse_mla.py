@@ -274,16 +274,31 @@ def test_matches_reference(heads: int, record: str, both: bool, num_tokens: int)
         assert rel_err(out, shared.to(_device()).double()) < RTOL
 
 
+# (block_h, num_warps, dv_splits): every tile shape the launcher may pick.
+TILES = [(64, 8, 1), (128, 8, 2), (128, 8, 4), (64, 4, 2), (16, 4, 1), (32, 4, 2)]
+
+
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 10])
-@pytest.mark.parametrize("block_n", [32, 64])
-def test_split_counts_agree(num_splits: int, block_n: int):
-    """Every way of cutting the candidate list must give the same answer,
-    including splits that straddle the segment boundary or hold no live
-    candidate for some rows."""
-    q, segments, sinks = make_case(4, 64, "fp8", True, True, seed=7)
+@pytest.mark.parametrize("block_n", [16, 32, 64])
+@pytest.mark.parametrize("tile", TILES)
+def test_launch_configs_agree(num_splits: int, block_n: int, tile):
+    """Every way of cutting the heads, the output dims and the candidate list
+    must give the same answer, including splits that straddle the segment
+    boundary or hold no live candidate for some rows."""
+    block_h, num_warps, dv_splits = tile
+    heads = 128 if block_h == 128 else 40
+    q, segments, sinks = make_case(4, heads, "fp8", True, True, seed=7)
     ref = reference(q, segments, SM_SCALE, sinks)
     out = run_kernel(
-        q, segments, sinks, SM_SCALE, num_splits=num_splits, block_n=block_n
+        q,
+        segments,
+        sinks,
+        SM_SCALE,
+        num_splits=num_splits,
+        block_n=block_n,
+        block_h=block_h,
+        num_warps=num_warps,
+        dv_splits=dv_splits,
     )
     assert not torch.isnan(out).any()
     assert rel_err(out, ref) < RTOL

@@ -41,34 +41,36 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _load_kv_tile(
+def _load_kv_cols(
     pool_ptr,
-    slots,
+    page,
+    in_page,
     valid,
+    col0,
     page_size,
     page_stride,
     token_stride,
+    NCOLS: tl.constexpr,
     IS_FP8: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Gather ``BLOCK_N`` latent rows as a ``[BLOCK_N, 512]`` BF16 tile.
+    """Gather columns [col0, col0 + NCOLS) of ``BLOCK_N`` latent rows as a
+    BF16 tile (col0 and NCOLS multiples of 64).
 
     Invalid rows come back as zeros, so that garbage (possibly NaN) bytes of
     unused slots can never reach the P @ V product.
     """
-    d = tl.arange(0, 512)
-    page = (slots // page_size).to(tl.int64)
-    in_page = (slots % page_size).to(tl.int64)
+    d = col0 + tl.arange(0, NCOLS)
     if IS_FP8:
         page_base = pool_ptr + page * page_stride
         rec = page_base + in_page * 576
         nope_mask = valid[:, None] & (d < 448)[None, :]
         raw = tl.load(rec[:, None] + d[None, :], mask=nope_mask, other=0)
         nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-        # The scale bytes sit in the page footer; block 7 is padding and is
-        # replaced by exponent 127 (a factor of one) so the reshape below can
-        # treat all eight 64-wide blocks alike.
-        j = tl.arange(0, 8)
+        # The scale bytes sit in the page footer. Byte 7 is padding: reading
+        # exponent 127 (a factor of one) there instead lets the RoPE block go
+        # through the same reshape as the FP8 blocks.
+        j = col0 // 64 + tl.arange(0, NCOLS // 64)
         sc_ptr = page_base + page_size * 576 + in_page * 8
         sc = tl.load(
             sc_ptr[:, None] + j[None, :],
@@ -80,8 +82,9 @@ def _load_kv_tile(
         # BF16 product exact, so no float32 copy of the tile is needed.
         scale = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
         deq = tl.reshape(
-            tl.reshape(nope, (BLOCK_N, 8, 64)) * scale.to(tl.bfloat16)[:, :, None],
-            (BLOCK_N, 512),
+            tl.reshape(nope, (BLOCK_N, NCOLS // 64, 64))
+            * scale.to(tl.bfloat16)[:, :, None],
+            (BLOCK_N, NCOLS),
         )
         rope_ptr = (rec + 448).to(tl.pointer_type(tl.bfloat16))
         rope_mask = valid[:, None] & (d >= 448)[None, :]
@@ -99,6 +102,7 @@ def _attend_segment(
     m_i,
     l_i,
     q,
+    dv0,
     idx_ptr,
     idx_stride,
     seg_len,
@@ -111,26 +115,33 @@ def _attend_segment(
     qk_scale,
     IS_FP8: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DV: tl.constexpr,
 ):
     """Online-softmax accumulation over chunks [chunk_lo, chunk_hi) of one
-    segment. Scores are kept in the base-2 domain (qk_scale includes log2 e)."""
+    segment, for output dims [dv0, dv0 + DV). Scores are kept in the base-2
+    domain (qk_scale includes log2 e)."""
     offs = tl.arange(0, BLOCK_N)
     for c in range(chunk_lo, chunk_hi):
         pos = c * BLOCK_N + offs
         in_len = pos < seg_len
         slots = tl.load(idx_ptr + pos * idx_stride, mask=in_len, other=-1)
         valid = in_len & (slots >= 0)
-        kv = _load_kv_tile(
+        page = (slots // page_size).to(tl.int64)
+        in_page = (slots % page_size).to(tl.int64)
+        k = _load_kv_cols(
             pool_ptr,
-            slots,
+            page,
+            in_page,
             valid,
+            0,
             page_size,
             page_stride,
             token_stride,
+            512,
             IS_FP8,
             BLOCK_N,
         )
-        s = tl.dot(q, tl.trans(kv)) * qk_scale
+        s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row whose candidates so far are all masked keeps m = -inf; shift
@@ -139,7 +150,25 @@ def _attend_segment(
         alpha = tl.exp2(m_i - m_shift)
         p = tl.exp2(s - m_shift[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), kv)
+        if DV == 512:
+            v = k
+        else:
+            # This program owns only DV output dims: re-gather those columns
+            # (an L1/L2 hit) rather than keep a slice Triton cannot take.
+            v = _load_kv_cols(
+                pool_ptr,
+                page,
+                in_page,
+                valid,
+                dv0,
+                page_size,
+                page_stride,
+                token_stride,
+                DV,
+                IS_FP8,
+                BLOCK_N,
+            )
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -186,12 +215,20 @@ def _sparse_mla_fwd_kernel(
     SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DV_SPLITS: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    pid_h = tl.program_id(1)
-    split = tl.program_id(2)
+    DV: tl.constexpr = 512 // DV_SPLITS
+    # The programs of one token (head blocks x output-dim parts) are adjacent
+    # in launch order, so they run together and share its rows through L2.
+    per_token = tl.cdiv(num_heads, BLOCK_H) * DV_SPLITS
+    pid = tl.program_id(0)
+    t = (pid // per_token).to(tl.int64)
+    pid_h = (pid % per_token) // DV_SPLITS
+    dv0 = (pid % DV_SPLITS) * DV
+    split = tl.program_id(1)
 
     d = tl.arange(0, 512)
+    dv = dv0 + tl.arange(0, DV)
     heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < num_heads
     q = tl.load(
@@ -200,7 +237,7 @@ def _sparse_mla_fwd_kernel(
         other=0.0,
     )
 
-    acc = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, DV), dtype=tl.float32)
     m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
 
@@ -216,6 +253,7 @@ def _sparse_mla_fwd_kernel(
         m_i,
         l_i,
         q,
+        dv0,
         swa_idx_ptr + t * swa_idx_stride_t,
         swa_idx_stride_k,
         swa_len,
@@ -228,6 +266,7 @@ def _sparse_mla_fwd_kernel(
         qk_scale,
         SWA_FP8,
         BLOCK_N,
+        DV,
     )
     if HAS_CMP:
         cmp_len = tl.minimum(tl.load(cmp_lens_ptr + t), cmp_cap)
@@ -236,6 +275,7 @@ def _sparse_mla_fwd_kernel(
             m_i,
             l_i,
             q,
+            dv0,
             cmp_idx_ptr + t * cmp_idx_stride_t,
             cmp_idx_stride_k,
             cmp_len,
@@ -248,6 +288,7 @@ def _sparse_mla_fwd_kernel(
             qk_scale,
             CMP_FP8,
             BLOCK_N,
+            DV,
         )
 
     if SPLIT:
@@ -257,10 +298,12 @@ def _sparse_mla_fwd_kernel(
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_i), float("-inf"))
         row = (t * num_heads + heads) * num_splits + split
         tl.store(
-            part_out_ptr + row[:, None] * 512 + d[None, :],
+            part_out_ptr + row[:, None] * 512 + dv[None, :],
             acc * inv_l[:, None],
             mask=hmask[:, None],
         )
+        # Every output-dim part computed the same statistics, so their
+        # writes of lse agree.
         tl.store(part_lse_ptr + row, lse, mask=hmask)
     else:
         denom = l_i
@@ -272,7 +315,7 @@ def _sparse_mla_fwd_kernel(
             denom += tl.exp2(sink * 1.4426950408889634 - m_shift)
         inv = tl.where(denom > 0.0, 1.0 / denom, 0.0)
         tl.store(
-            out_ptr + t * out_stride_t + heads[:, None] * out_stride_h + d[None, :],
+            out_ptr + t * out_stride_t + heads[:, None] * out_stride_h + dv[None, :],
             (acc * inv[:, None]).to(tl.bfloat16),
             mask=hmask[:, None],
         )
@@ -430,6 +473,7 @@ def _launch(
     num_splits: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 1,
+    dv_splits: int = 1,
 ) -> torch.Tensor:
     if query.ndim != 3 or query.shape[-1] != _HEAD_DIM:
         raise ValueError(f"query must be [tokens, heads, 512], got {query.shape}")
@@ -500,7 +544,7 @@ def _launch(
     has_sinks = sinks is not None
     sinks_arg = sinks if has_sinks else query
 
-    grid = (num_tokens, triton.cdiv(num_heads, block_h), num_splits)
+    grid = (num_tokens * triton.cdiv(num_heads, block_h) * dv_splits, num_splits)
     _sparse_mla_fwd_kernel[grid](
         query,
         query.stride(0),
@@ -540,6 +584,7 @@ def _launch(
         SPLIT=split,
         BLOCK_H=block_h,
         BLOCK_N=block_n,
+        DV_SPLITS=dv_splits,
         num_warps=num_warps,
         num_stages=num_stages,
     )
