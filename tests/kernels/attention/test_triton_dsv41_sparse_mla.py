@@ -278,8 +278,8 @@ def test_matches_reference(heads: int, record: str, both: bool, num_tokens: int)
 TILES = [(64, 8, 1), (128, 8, 2), (128, 8, 4), (64, 4, 2), (16, 4, 1), (32, 4, 2)]
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 10])
-@pytest.mark.parametrize("block_n", [16, 32, 64])
+@pytest.mark.parametrize("num_splits", [1, 3, 10])
+@pytest.mark.parametrize("block_n", [16, 64])
 @pytest.mark.parametrize("tile", TILES)
 def test_launch_configs_agree(num_splits: int, block_n: int, tile):
     """Every way of cutting the heads, the output dims and the candidate list
