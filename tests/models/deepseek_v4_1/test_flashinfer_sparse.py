@@ -71,7 +71,8 @@ def test_sm100_backend_hooks_are_upstreams(set_capability):
         ((10, 0), "auto", False),
         ((12, 0), "fp8", False),
         ((12, 0), "bfloat16", True),
-        ((9, 0), "fp8", True),
+        ((9, 0), "fp8", False),
+        ((8, 0), "fp8", True),
     ],
 )
 def test_supports_combination(capability, dtype, refused):
@@ -157,6 +158,20 @@ def test_sm120_layer_gets_negotiated_caches(set_capability, stub_upstream_init, 
     assert spec.page_size_bytes == -(-64 * 584 // 576) * 576
 
 
+def test_unserved_shape_builds_a_layer_on_the_triton_kernel(
+    set_capability, stub_upstream_init, monkeypatch
+):
+    set_capability(12, 0)
+    monkeypatch.setattr(fork.sparse_mla_launcher, "_kernel_path", None)
+    layer = fork.DeepseekV4FlashInferSM120Attention(
+        _vllm_config(cache_dtype="fp8", spec_tokens=200), prefix="layer.r1"
+    )
+    assert layer.page_geometry.kernel_path == policy.TRITON
+    assert "top-k [384]" in layer.page_geometry.fallback_reason
+    assert fork.sparse_mla_launcher.selected_kernel() == policy.TRITON
+    assert layer.swa_cache_layer.block_size == 64
+
+
 def test_sm100_layer_keeps_upstream_caches(set_capability, stub_upstream_init):
     set_capability(10, 0)
     layer = fork.DeepseekV4FlashInferMLAAttention(_vllm_config(), prefix="layer.r1")
@@ -172,7 +187,6 @@ def test_sm100_layer_keeps_upstream_caches(set_capability, stub_upstream_init):
     [
         ((12, 0), _vllm_config(heads=256), "at most 128 attention heads"),
         ((12, 0), _vllm_config(cache_dtype="bfloat16"), "--kv-cache-dtype bfloat16"),
-        ((12, 0), _vllm_config(spec_tokens=200), r"top-k \[384\]"),
         ((10, 0), _vllm_config(cache_dtype="fp8_ds_mla"), "fp8_ds_mla"),
     ],
 )

@@ -45,12 +45,8 @@ def test_sm100_plan(capsys):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--capability", "9.0"], "SM90"),
+        (["--capability", "8.0"], "SM80"),
         (["--capability", "12.0", "--kv-cache-dtype", "bfloat16"], "bfloat16"),
-        (
-            ["--capability", "12.0", "--num-speculative-tokens", "200", "--non-causal"],
-            "top-k [384]",
-        ),
     ],
 )
 def test_refused_configs_report_the_start_up_error(capsys, args, needle):
@@ -58,6 +54,26 @@ def test_refused_configs_report_the_start_up_error(capsys, args, needle):
     assert code == 1
     assert needle in plan["error"]
     assert plan["caches"] == []
+
+
+@pytest.mark.parametrize(
+    "args, note",
+    [
+        (["--capability", "9.0"], None),
+        (
+            ["--capability", "12.0", "--num-speculative-tokens", "200", "--non-causal"],
+            "top-k [384]",
+        ),
+    ],
+)
+def test_triton_path_is_reported(capsys, args, note):
+    code, plan = _plan(capsys, *args)
+    assert code == 0
+    assert "Triton" in plan["kernel_path"]
+    assert plan["attention_class"].endswith("DeepseekV4FlashInferSM120Attention")
+    assert (note is None) == (plan["note"] is None)
+    if note:
+        assert note in plan["note"]
 
 
 def test_tensor_parallel_pads_local_heads(capsys):

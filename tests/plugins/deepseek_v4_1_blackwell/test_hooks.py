@@ -8,19 +8,25 @@ from types import SimpleNamespace
 import pytest
 
 from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as fork
+from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as upstream
 from vllm.models.deepseek_v41.nvidia import model
 from vllm.plugins.deepseek_v4_1_blackwell import hooks
 from vllm.v1.attention.backends.registry import AttentionBackendEnum as Backend
 
 DeepseekV4FlashMLAAttention = model.DeepseekV4FlashMLAAttention
+LAUNCHER = "flashinfer_trtllm_batch_decode_sparse_mla_dsv4"
+PROBE = "has_flashinfer_sparse_mla_sm120_config"
 
 
 @pytest.fixture
 def installed(monkeypatch):
     """Bindings applied, with upstream's originals restored afterwards."""
+    from vllm.utils import flashinfer as flashinfer_utils
     from vllm.v1.attention.backends import registry
 
     monkeypatch.setattr(model, "_select_dsv4_attn_cls", model._select_dsv4_attn_cls)
+    monkeypatch.setattr(upstream, LAUNCHER, getattr(upstream, LAUNCHER))
+    monkeypatch.setattr(flashinfer_utils, PROBE, getattr(flashinfer_utils, PROBE))
     monkeypatch.setattr(registry, "_ATTN_OVERRIDES", dict(registry._ATTN_OVERRIDES))
     hooks.install()
 
@@ -53,6 +59,12 @@ def _config(backend):
             (10, 3),
             Backend.FLASHINFER_MLA_SPARSE_DSV4,
             fork.DeepseekV4FlashInferMLAAttention,
+        ),
+        # Off Blackwell the two-segment class runs on the Triton kernel.
+        (
+            (9, 0),
+            Backend.FLASHINFER_MLA_SPARSE_DSV41,
+            fork.DeepseekV4FlashInferSM120Attention,
         ),
         # Choices that are not this backend stay upstream's.
         ((10, 0), None, DeepseekV4FlashMLAAttention),
@@ -118,3 +130,73 @@ def test_upstream_classes_the_bindings_map_still_exist():
     }
     for upstream_cls, fork_cls in mapping.items():
         assert issubclass(fork_cls, upstream_cls)
+
+
+def test_launcher_runs_the_kernel_the_policy_chose(installed, monkeypatch):
+    from vllm.models.deepseek_v4_1.nvidia import sparse_mla_launcher
+    from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+    from vllm.v1.attention.ops import triton_dsv41_sparse_mla
+
+    launch = getattr(upstream, LAUNCHER)
+    calls = []
+    monkeypatch.setattr(
+        triton_dsv41_sparse_mla,
+        "triton_sparse_mla_dsv41",
+        lambda *args, **kwargs: calls.append(("triton", args, kwargs)),
+    )
+    monkeypatch.setattr(sparse_mla_launcher, "_kernel_path", policy.TRITON)
+    launch(
+        query="q",
+        swa_kv_cache="swa",
+        workspace_buffer="ws",
+        sparse_indices="idx",
+        compressed_kv_cache="cmp",
+        out="out",
+        bmm1_scale=0.5,
+        sinks="sinks",
+        kv_layout="NHD",
+        swa_topk_lens="lens",
+        extra_sparse_indices="xidx",
+        extra_sparse_topk_lens="xlens",
+    )
+    (kind, args, kwargs) = calls[0]
+    assert args == ("q", "swa", "idx", "lens", "out", 0.5)
+    assert kwargs == dict(
+        sinks="sinks",
+        compressed_kv_cache="cmp",
+        extra_sparse_indices="xidx",
+        extra_sparse_topk_lens="xlens",
+        kv_layout="NHD",
+    )
+
+
+def test_launcher_runs_flashinfer_otherwise(monkeypatch):
+    from vllm.models.deepseek_v4_1.nvidia import sparse_mla_launcher
+    from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+
+    seen = []
+    launch = sparse_mla_launcher.make_launcher(lambda **kw: seen.append(kw))
+    for path in (policy.FLASHINFER_SM120, policy.TRTLLM_GEN):
+        monkeypatch.setattr(sparse_mla_launcher, "_kernel_path", path)
+        launch(query="q", seq_lens="s")
+    assert seen == [dict(query="q", seq_lens="s")] * 2
+
+
+def test_sm120_probe_answers_from_the_policy(installed, set_capability):
+    from vllm.utils import flashinfer as flashinfer_utils
+
+    probe = getattr(flashinfer_utils, PROBE)
+    set_capability(12, 0)
+    # (64, 384) is not in FlashInfer 0.6.18's table; the Triton kernel runs it.
+    assert probe(64, 384) is True
+    assert probe(256, 128) is False
+    set_capability(8, 0)
+    assert probe(64, 128) is False
+
+
+def test_launcher_and_probe_bindings_are_idempotent(installed):
+    from vllm.utils import flashinfer as flashinfer_utils
+
+    before = getattr(upstream, LAUNCHER), getattr(flashinfer_utils, PROBE)
+    hooks.install()
+    assert (getattr(upstream, LAUNCHER), getattr(flashinfer_utils, PROBE)) == before

@@ -32,9 +32,11 @@ from vllm.v1.kv_cache_interface import KVCacheSpec
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "dsv41_small.json"
 # What each kernel path calls, for the reader of the report.
 KERNEL_PATHS = {
-    "flashinfer-trtllm-gen": "FlashInfer TRTLLM-gen trtllm_batch_decode_sparse_mla_dsv4"
+    policy.TRTLLM_GEN: "FlashInfer TRTLLM-gen trtllm_batch_decode_sparse_mla_dsv4"
     " (SWA + compressed in one index table)",
-    "flashinfer-sm120": "FlashInfer SM120 trtllm_batch_decode_sparse_mla_dsv4"
+    policy.FLASHINFER_SM120: "FlashInfer SM120 trtllm_batch_decode_sparse_mla_dsv4"
+    " (two segments: SWA, then compressed)",
+    policy.TRITON: "the fork's Triton kernel triton_sparse_mla_dsv41"
     " (two segments: SWA, then compressed)",
 }
 
@@ -59,16 +61,18 @@ class Plan:
     kv_cache_dtype: str | None = None
     swa_topks: list[int] = field(default_factory=list)
     caches: list[CachePlan] = field(default_factory=list)
+    note: str | None = None
     error: str | None = None
 
 
 def attention_class_for(capability: DeviceCapability) -> type[DeepseekV4Attention]:
-    """The fork class vLLM builds with FLASHINFER_MLA_SPARSE_DSV41 selected."""
+    """The fork class vLLM builds with FLASHINFER_MLA_SPARSE_DSV41 selected:
+    TRTLLM-gen's on SM10x, the two-segment class everywhere else."""
     from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as fork
 
-    if policy.is_sm120(capability):
-        return fork.DeepseekV4FlashInferSM120Attention
-    return fork.DeepseekV4FlashInferMLAAttention
+    if policy.is_sm100(capability):
+        return fork.DeepseekV4FlashInferMLAAttention
+    return fork.DeepseekV4FlashInferSM120Attention
 
 
 def cache_specs(
@@ -162,7 +166,8 @@ def make_plan(
 
     plan = geometry.plan
     report.attention_class = f"{attention_cls.__module__}.{attention_cls.__name__}"
-    report.kernel_path = KERNEL_PATHS[plan.kernel_path]
+    report.kernel_path = KERNEL_PATHS[geometry.kernel_path]
+    report.note = geometry.fallback_reason
     report.flashinfer = plan.envelope.source if plan.envelope else None
     report.padded_heads = geometry.padded_heads
     report.kv_cache_dtype = geometry.kv_cache_dtype
@@ -215,7 +220,7 @@ def render(report: Plan) -> str:
     lines += [
         f"attention class: {report.attention_class}",
         f"kernel path:     {report.kernel_path}",
-        f"flashinfer:      {report.flashinfer or 'page size taken at run time'}",
+        f"flashinfer:      {report.flashinfer or 'no fixed-page tables to obey'}",
         f"heads:           {report.local_heads} local -> {report.padded_heads} padded",
         f"kv-cache dtype:  {report.kv_cache_dtype}",
         f"SWA top-k:       {', '.join(map(str, report.swa_topks))}",
@@ -230,6 +235,8 @@ def render(report: Plan) -> str:
             f"{c.cache:<16}{layers:<14}{c.page_tokens:>12}{c.states_per_page:>13}"
             f"{c.page_bytes:>12}"
         )
+    if report.note:
+        lines.append(f"note: {report.note}")
     lines.append("status: served")
     return "\n".join(lines)
 

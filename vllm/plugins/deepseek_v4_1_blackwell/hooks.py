@@ -59,6 +59,27 @@ def fork_attention_classes() -> dict[type, type]:
     }
 
 
+def fork_attention_class(chosen: type) -> type:
+    """The fork's class for upstream's choice on this GPU.
+
+    Upstream picks the TRTLLM-gen class for every GPU but SM12x; off SM10x
+    the fork runs the two-segment class instead (on the Triton kernel).
+    """
+    from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as fork
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+
+    chosen = fork_attention_classes().get(chosen, chosen)
+    capability = current_platform.get_device_capability()
+    if (
+        chosen is fork.DeepseekV4FlashInferMLAAttention
+        and capability is not None
+        and not policy.is_sm100(capability)
+    ):
+        return fork.DeepseekV4FlashInferSM120Attention
+    return chosen
+
+
 def bind_attention_selection() -> None:
     """DeepSeek V4.1 layers build the fork's FlashInfer attention classes
     (upstream: ``_select_dsv4_attn_cls`` in
@@ -73,20 +94,74 @@ def bind_attention_selection() -> None:
         )
     if getattr(select, _WRAPPED, False):
         return
-    replacements = fork_attention_classes()
 
     @functools.wraps(select)
     def select_with_fork(vllm_config) -> type:
-        chosen = select(vllm_config)
-        return replacements.get(chosen, chosen)
+        return fork_attention_class(select(vllm_config))
 
     setattr(select_with_fork, _WRAPPED, True)
     model._select_dsv4_attn_cls = select_with_fork
 
 
+def bind_sparse_mla_launcher() -> None:
+    """Upstream's DeepSeek V4.1 layers call the launcher that runs the kernel
+    the policy chose (upstream: the module-level
+    ``flashinfer_trtllm_batch_decode_sparse_mla_dsv4`` name in
+    vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py)."""
+    from vllm.models.deepseek_v4_1.nvidia.sparse_mla_launcher import make_launcher
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as upstream
+
+    name = "flashinfer_trtllm_batch_decode_sparse_mla_dsv4"
+    launcher = getattr(upstream, name, None)
+    if not callable(launcher):
+        raise UpstreamShapeChanged(f"{upstream.__name__}.{name} is gone")
+    if getattr(launcher, _WRAPPED, False):
+        return
+    wrapped = make_launcher(launcher)
+    setattr(wrapped, _WRAPPED, True)
+    setattr(upstream, name, wrapped)
+
+
+def bind_sm120_config_probe() -> None:
+    """Upstream's SM120 layer asks the page policy, not FlashInfer's private
+    table, whether its shape is served (upstream:
+    ``has_flashinfer_sparse_mla_sm120_config`` in vllm/utils/flashinfer.py,
+    called only by ``DeepseekV4FlashInferSM120Attention.__init__``).
+
+    The fork's layers negotiate before upstream's constructor runs, and every
+    shape the policy accepts has a kernel (FlashInfer's or the Triton one).
+    """
+    from vllm.utils import flashinfer as flashinfer_utils
+
+    name = "has_flashinfer_sparse_mla_sm120_config"
+    probe = getattr(flashinfer_utils, name, None)
+    if probe is None or list(inspect.signature(probe).parameters) != [
+        "num_q_heads",
+        "top_k",
+    ]:
+        raise UpstreamShapeChanged(
+            f"vllm.utils.flashinfer.{name} no longer takes (num_q_heads, top_k)"
+        )
+    if getattr(probe, _WRAPPED, False):
+        return
+
+    @functools.wraps(probe)
+    def served_by_policy(num_q_heads: int, top_k: int) -> bool:
+        from vllm.models.deepseek_v4_1.nvidia.flashinfer_sparse import (
+            current_page_plan,
+        )
+
+        return current_page_plan() is not None and num_q_heads <= 128
+
+    setattr(served_by_policy, _WRAPPED, True)
+    setattr(flashinfer_utils, name, served_by_policy)
+
+
 BINDINGS: tuple[Callable[[], None], ...] = (
     bind_backend_name,
     bind_attention_selection,
+    bind_sparse_mla_launcher,
+    bind_sm120_config_probe,
 )
 
 

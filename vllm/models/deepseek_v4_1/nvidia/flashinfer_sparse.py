@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.logger import init_logger
+from vllm.models.deepseek_v4_1.nvidia import sparse_mla_launcher
 from vllm.models.deepseek_v41.attention import _resolve_dsv4_kv_cache_dtype
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as upstream
 from vllm.platforms import current_platform
@@ -150,6 +151,14 @@ class DeepseekV4FlashInferMLASparseBackend(
         return plan.compressed_block_size(compress_ratio) if plan else None
 
     @classmethod
+    def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
+        try:
+            policy.plan_pages(capability)
+        except policy.UnsupportedSparseMLAConfig:
+            return False
+        return True
+
+    @classmethod
     def supports_combination(
         cls,
         head_size,
@@ -220,6 +229,9 @@ class _NegotiatedPages:
                 speculative.num_speculative_tokens if speculative else None
             ),
         )
+        if geometry.fallback_reason:
+            logger.warning_once(geometry.fallback_reason)
+        sparse_mla_launcher.use_kernel(geometry.kernel_path)
         super().__init__(vllm_config, *args, **kwargs)  # type: ignore[call-arg]
         self.page_geometry = geometry
         self._resize_swa_cache(vllm_config, geometry.plan.swa_block_size)
@@ -264,7 +276,9 @@ class DeepseekV4FlashInferMLAAttention(
 class DeepseekV4FlashInferSM120Attention(
     _NegotiatedPages, upstream.DeepseekV4FlashInferSM120Attention
 ):
-    """FlashInfer SM120 sparse MLA attention (SM12x) with negotiated pages."""
+    """Two-segment sparse MLA attention with negotiated pages: FlashInfer's
+    SM120 kernels on SM12x, the fork's Triton kernel where those do not run
+    (SM90, or a shape FlashInfer does not instantiate)."""
 
     backend_cls: ClassVar = DeepseekV4FlashInferMLASparseBackend
     swa_backend_cls: ClassVar = DeepseekSparseSWAFlashInferSM120Backend

@@ -60,12 +60,26 @@ def test_sm10x_keeps_upstream_pages(capability):
     assert plan.compressed_block_size(2) is None
 
 
-@pytest.mark.parametrize("capability", [SM90, DeviceCapability(8, 0)])
-def test_other_architectures_are_refused(capability):
+@pytest.mark.parametrize("capability", [SM90, DeviceCapability(8, 9)])
+def test_gpus_without_flashinfer_kernels_run_triton(capability):
+    plan = policy.plan_pages(capability)
+    assert plan.kernel_path == policy.TRITON
+    assert plan.swa_block_size == 32  # the Triton kernel takes any page
+    assert plan.compressed_block_size(2) is None
+
+
+def test_sm12x_without_flashinfer_sm120_kernels_runs_triton(monkeypatch):
+    monkeypatch.setattr(policy, "installed_sm120_envelope", lambda *a: None)
+    plan = policy.plan_pages(SM120)
+    assert plan.kernel_path == policy.TRITON
+
+
+@pytest.mark.parametrize("capability", [DeviceCapability(8, 0), DeviceCapability(7, 5)])
+def test_older_architectures_are_refused(capability):
     with pytest.raises(policy.UnsupportedSparseMLAConfig) as e:
         policy.plan_pages(capability)
     message = str(e.value)
-    assert "SM10x" in message and "SM12x" in message
+    assert "SM10x" in message and "SM12x" in message and "SM89" in message
     assert f"SM{capability.to_int()}" in message
     assert "FLASHMLA_SPARSE_DSV41" in message
 
@@ -108,7 +122,8 @@ def test_runtime_page_flashinfer_keeps_upstream_pages():
     assert plan.swa_block_size == 32
     assert plan.compressed_block_size(1) is None
     assert plan.compressed_block_size(2) is None
-    policy.check_served(plan, 64, [128, 200])  # runtime top-k: anything >= 1
+    # Runtime top-k: anything >= 1 is FlashInfer's.
+    assert policy.choose_kernel(plan, 64, [128, 200]) == (policy.FLASHINFER_SM120, None)
 
 
 def test_fixed_page_decode_config_sets_pages():
@@ -148,15 +163,27 @@ def test_more_than_128_local_heads_are_refused(heads):
     assert "--tensor-parallel-size" in message
 
 
-def test_unserved_topk_is_refused_with_the_supported_values():
-    with pytest.raises(policy.UnsupportedSparseMLAConfig) as e:
-        policy.negotiate(
-            SM120, num_local_heads=64, kv_cache_dtype="fp8", swa_topks=[128, 160]
-        )
-    message = str(e.value)
-    assert "top-k [160]" in message
-    assert "[128, 192, 256, 512, 1024]" in message
-    assert "0.6.18" in message
+def test_unserved_topk_falls_back_to_triton_naming_the_supported_values():
+    geometry = policy.negotiate(
+        SM120, num_local_heads=64, kv_cache_dtype="fp8", swa_topks=[128, 160]
+    )
+    assert geometry.kernel_path == policy.TRITON
+    # Pages stay FlashInfer's, so the cache geometry does not depend on it.
+    assert geometry.plan.swa_block_size == 64
+    reason = geometry.fallback_reason
+    assert "top-k [160]" in reason
+    assert "[128, 192, 256, 512, 1024]" in reason
+    assert "0.6.18" in reason
+
+
+def test_served_topk_runs_flashinfer():
+    geometry = policy.negotiate(
+        SM121, num_local_heads=16, kv_cache_dtype="fp8", swa_topks=[128]
+    )
+    assert (geometry.kernel_path, geometry.fallback_reason) == (
+        policy.FLASHINFER_SM120,
+        None,
+    )
 
 
 @pytest.mark.parametrize(
@@ -174,6 +201,8 @@ def test_unserved_topk_is_refused_with_the_supported_values():
         (SM120, "bfloat16", False),
         (SM121, "fp8_ds_mla", True),
         (SM121, "bfloat16", False),
+        (SM90, "fp8_ds_mla", True),  # the Triton path reads packed records
+        (SM90, "bfloat16", False),
     ],
 )
 def test_kv_cache_dtypes_per_architecture(capability, dtype, accepted):

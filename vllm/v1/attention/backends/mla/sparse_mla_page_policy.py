@@ -16,6 +16,10 @@ What FlashInfer serves is read from FlashInfer itself:
   source without executing it, which also works on GPU-less hosts.
 * 0.7 and later: ``flashinfer.mla.supported_sparse_mla_sm120_configs()``
   describes each kernel family, page sizes chosen at run time included.
+
+Where FlashInfer has no kernel (SM90, an SM12x FlashInfer without SM120
+kernels, or a shape its SM120 tables lack) the fork's Triton kernel, which has
+the same two-segment contract and takes any page size, runs instead.
 """
 
 import ast
@@ -40,6 +44,14 @@ UPSTREAM_SWA_BLOCK_SIZE = 32
 SM100_KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3")
 SM120_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_ds_mla")
 BACKEND_NAME = "FLASHINFER_MLA_SPARSE_DSV41"
+
+# The kernels a plan can choose.
+TRTLLM_GEN = "flashinfer-trtllm-gen"
+FLASHINFER_SM120 = "flashinfer-sm120"
+TRITON = "triton"
+# The Triton kernel reads FP8 E4M3 records, which Triton lowers from SM89 on;
+# it is tested on SM90.
+TRITON_MIN_CAPABILITY = 89
 
 
 @dataclass(frozen=True)
@@ -152,16 +164,17 @@ def installed_sm120_envelope(bytes_per_token: int = 584) -> SM120Envelope | None
 
 
 class UnsupportedSparseMLAConfig(ValueError):
-    """A DeepSeek V4.1 configuration no FlashInfer sparse-MLA kernel serves."""
+    """A DeepSeek V4.1 configuration no sparse-MLA kernel of this fork serves."""
 
 
 @dataclass(frozen=True)
 class PagePlan:
     """The negotiated KV-cache geometry for one architecture.
 
-    ``swa_block_size``: tokens per sliding-window page. ``compressed_states``:
-    compressed states per compressed-KV page, or None to keep the cache
-    config's block size (upstream's behaviour).
+    ``kernel_path``: TRTLLM_GEN, FLASHINFER_SM120 or TRITON.
+    ``swa_block_size``: tokens per sliding-window page.
+    ``compressed_states``: compressed states per compressed-KV page, or None
+    to keep the cache config's block size (upstream's behaviour).
     """
 
     capability: DeviceCapability
@@ -199,31 +212,28 @@ def plan_pages(
     """
     if is_sm100(capability):
         # TRTLLM-gen takes the page size at run time: keep upstream's pages.
-        return PagePlan(
-            capability, "flashinfer-trtllm-gen", UPSTREAM_SWA_BLOCK_SIZE, None
-        )
-    if not is_sm120(capability):
-        raise UnsupportedSparseMLAConfig(
-            f"{BACKEND_NAME} runs on SM10x (B200, GB200) and SM12x (RTX 50xx, "
-            f"RTX PRO 6000, GB10); this GPU is SM{capability.to_int()}. "
-            "On SM90 (H100, H200) use --attention-backend FLASHMLA_SPARSE_DSV41, "
-            "vLLM's default there."
-        )
-    if envelope is None:
-        envelope = installed_sm120_envelope()
-    if envelope is None:
-        raise UnsupportedSparseMLAConfig(
-            f"{BACKEND_NAME} on SM12x needs FlashInfer's SM120 sparse-MLA "
-            "kernels (flashinfer-python>=0.6.14); none were found. Install "
-            "flashinfer-python==0.6.18.post1 or newer."
-        )
-    if envelope.page_sizes is None:
-        # Runtime page sizes: upstream's geometry already works.
-        return PagePlan(
-            capability, "flashinfer-sm120", UPSTREAM_SWA_BLOCK_SIZE, None, envelope
-        )
-    page = min(envelope.page_sizes)
-    return PagePlan(capability, "flashinfer-sm120", page, page, envelope)
+        return PagePlan(capability, TRTLLM_GEN, UPSTREAM_SWA_BLOCK_SIZE, None)
+    if is_sm120(capability):
+        if envelope is None:
+            envelope = installed_sm120_envelope()
+        if envelope is not None and envelope.page_sizes is not None:
+            page = min(envelope.page_sizes)
+            return PagePlan(capability, FLASHINFER_SM120, page, page, envelope)
+        if envelope is not None:
+            # Runtime page sizes: upstream's geometry already works.
+            return PagePlan(
+                capability, FLASHINFER_SM120, UPSTREAM_SWA_BLOCK_SIZE, None, envelope
+            )
+    if capability.to_int() >= TRITON_MIN_CAPABILITY:
+        # No FlashInfer kernel for this GPU: the Triton kernel takes any page.
+        return PagePlan(capability, TRITON, UPSTREAM_SWA_BLOCK_SIZE, None)
+    raise UnsupportedSparseMLAConfig(
+        f"{BACKEND_NAME} runs on SM10x (B200, GB200) and SM12x (RTX 50xx, RTX "
+        "PRO 6000, GB10) through FlashInfer, and on other GPUs from SM89 on "
+        "(L40S, H100, H200) through the fork's Triton kernel; this GPU is "
+        f"SM{capability.to_int()}. Choose "
+        "another --attention-backend (FLASHMLA_SPARSE_DSV41 where FlashMLA runs)."
+    )
 
 
 def pad_q_heads(num_local_heads: int) -> int:
@@ -241,12 +251,12 @@ def pad_q_heads(num_local_heads: int) -> int:
 
 def check_kv_cache_dtype(capability: DeviceCapability, kv_cache_dtype: str) -> None:
     """Raise unless the kernels for ``capability`` read ``kv_cache_dtype``."""
+    # SM10x builds the TRTLLM-gen layer (plain rows); every other GPU builds
+    # the two-segment layer (packed records), whichever kernel runs it.
     if is_sm100(capability):
         allowed, why = SM100_KV_CACHE_DTYPES, "plain BF16 or per-tensor FP8 rows"
-    elif is_sm120(capability):
-        allowed, why = SM120_KV_CACHE_DTYPES, "the packed fp8_ds_mla record"
     else:
-        return
+        allowed, why = SM120_KV_CACHE_DTYPES, "the packed fp8_ds_mla record"
     if kv_cache_dtype not in allowed:
         raise UnsupportedSparseMLAConfig(
             f"{BACKEND_NAME} on SM{capability.to_int()} reads {why}; "
@@ -255,20 +265,25 @@ def check_kv_cache_dtype(capability: DeviceCapability, kv_cache_dtype: str) -> N
         )
 
 
-def check_served(plan: PagePlan, padded_heads: int, topks: Iterable[int]) -> None:
-    """Raise unless every ``(padded_heads, topk)`` decode shape is served."""
+def choose_kernel(
+    plan: PagePlan, padded_heads: int, topks: Iterable[int]
+) -> tuple[str, str | None]:
+    """The kernel that runs ``(padded_heads, topk)`` decode shapes under
+    ``plan``, and why it is not the plan's FlashInfer kernel (None if it is).
+    """
     envelope = plan.envelope
-    if envelope is None:
-        return
+    if plan.kernel_path != FLASHINFER_SM120 or envelope is None:
+        return plan.kernel_path, None
     missing = sorted({k for k in topks if not envelope.serves(padded_heads, k)})
-    if missing:
-        raise UnsupportedSparseMLAConfig(
-            f"{BACKEND_NAME} on SM12x: {envelope.source} has no decode kernel "
-            f"for {padded_heads} heads with top-k {missing}. It serves heads "
-            f"{list(envelope.served_heads)} and top-k "
-            f"{list(envelope.served_topks)}. Change the speculative token "
-            "count, upgrade FlashInfer, or choose another --attention-backend."
-        )
+    if not missing:
+        return plan.kernel_path, None
+    return TRITON, (
+        f"{envelope.source} has no SM120 decode kernel for {padded_heads} heads "
+        f"with top-k {missing} (it serves heads {list(envelope.served_heads)} "
+        f"and top-k {list(envelope.served_topks)}), so the Triton kernel runs "
+        "this model. For FlashInfer's kernel, change the speculative token "
+        "count or upgrade FlashInfer."
+    )
 
 
 @dataclass(frozen=True)
@@ -279,6 +294,10 @@ class LayerGeometry:
     padded_heads: int
     kv_cache_dtype: str
     swa_topks: tuple[int, ...]
+    # The kernel every layer of the model runs, and why it is not the plan's
+    # FlashInfer kernel (None when it is).
+    kernel_path: str
+    fallback_reason: str | None = None
 
 
 def negotiate(
@@ -294,5 +313,5 @@ def negotiate(
     check_kv_cache_dtype(capability, kv_cache_dtype)
     padded = pad_q_heads(num_local_heads)
     topks = tuple(sorted(set(swa_topks)))
-    check_served(plan, padded, topks)
-    return LayerGeometry(plan, padded, kv_cache_dtype, topks)
+    kernel, reason = choose_kernel(plan, padded, topks)
+    return LayerGeometry(plan, padded, kv_cache_dtype, topks, kernel, reason)
