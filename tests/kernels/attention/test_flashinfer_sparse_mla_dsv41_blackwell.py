@@ -67,6 +67,9 @@ from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as fork
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 
+# Every test here needs a CUDA GPU (the reason of each skip names which).
+pytestmark = pytest.mark.gpu
+
 D = 512
 WINDOW = SWA_COLUMNS  # DeepSeek V4.1 slides a 128-token window
 SCALE = D**-0.5

@@ -1,0 +1,172 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Run GPU tests against the fork wheel on a Buildkite GPU agent.
+
+    python3 .buildkite/scripts/gpu_tests.py --expect-sm 100 --report b200 \
+        -- tests/kernels/attention/test_flashinfer_sparse_mla_dsv41_blackwell.py
+
+1. Takes the fork wheel the ``fork-wheel`` step uploaded (inside Buildkite),
+   or builds it (anywhere else).
+2. Installs it into ``.venv-gpu`` with the pinned torch and FlashInfer from
+   the package index (CUDA builds there); the venv is reused while the wheel
+   is the same. On aarch64 (DGX Spark) the fork wheel, which is assembled from
+   upstream's x86_64 wheel, cannot install: there the pinned upstream release
+   is installed and the overlay linked into it, as ``tools/fork/dev_env.py``
+   does.
+3. Refuses to run on a GPU other than the one the step is for: a B200 step
+   that lands on an H100 would otherwise skip every test and pass.
+4. Runs pytest with the given arguments from the checkout, writes a JUnit
+   report under ``.cache/reports/`` and fails when no test ran (everything skipped
+   or deselected): a green GPU step must mean kernels ran.
+"""
+
+import argparse
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tools.fork.common import (  # noqa: E402
+    DEV_REQUIREMENTS,
+    load_pin,
+    log,
+    provision_venv,
+    run,
+    sha256_of,
+    site_packages,
+    venv_python,
+)
+
+VENV = REPO / ".venv-gpu"
+STAMP = VENV / ".fork-gpu-stamp"
+WHEEL_STEP_KEY = "fork-wheel"
+# JUnit reports; the pipeline uploads them as artifacts (.cache/ is ignored).
+REPORTS = REPO / ".cache" / "reports"
+
+
+def pinned_requirement(name: str) -> str:
+    """``name`` with the version requirements/dev.txt gives it (one place for
+    the tool pins)."""
+    for line in DEV_REQUIREMENTS.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if re.split(r"[=<>!~ ;\[]", line, maxsplit=1)[0] == name:
+            return line
+    raise SystemExit(f"{DEV_REQUIREMENTS.name} pins no {name}")
+
+
+def fork_wheel() -> Path:
+    tag = load_pin().LOCAL_VERSION_TAG
+    if os.environ.get("BUILDKITE_BUILD_ID"):
+        run(
+            "buildkite-agent", "artifact", "download", "dist/*.whl", ".",
+            "--step", WHEEL_STEP_KEY, cwd=REPO,
+        )  # fmt: skip
+    wheels = sorted((REPO / "dist").glob(f"vllm-*+{tag}-*.whl"))
+    if wheels:
+        return wheels[-1]
+    from tools.fork.build_wheel import build
+
+    return build(REPO / "dist")
+
+
+def provision() -> Path:
+    """``.venv-gpu`` with the fork (wheel, or overlay on aarch64) and pytest."""
+    pytest_pin = pinned_requirement("pytest")
+    if platform.machine() in ("aarch64", "arm64"):
+        pin = load_pin()
+        wanted = f"aarch64 vllm=={pin.VLLM_VERSION} + overlay"
+        if not (STAMP.exists() and STAMP.read_text() == wanted):
+            shutil.rmtree(VENV, ignore_errors=True)
+            provision_venv(
+                VENV,
+                f"vllm=={pin.VLLM_VERSION}",
+                (pytest_pin, pinned_requirement("setuptools")),
+            )
+            # The dev distribution declares the plugin entry point.
+            run(
+                venv_python(VENV), "-m", "pip", "install", "-q", "--no-deps",
+                "--no-build-isolation", REPO,
+            )  # fmt: skip
+            STAMP.write_text(wanted)
+        from tools.fork.dev_env import link_overlay
+
+        link_overlay(site_packages(VENV) / "vllm")
+        return venv_python(VENV)
+    wheel = fork_wheel()
+    wanted = sha256_of(wheel)
+    if STAMP.exists() and STAMP.read_text() == wanted:
+        log(f"reusing {VENV.name}: it holds {wheel.name}")
+    else:
+        shutil.rmtree(VENV, ignore_errors=True)
+        provision_venv(VENV, wheel, (pytest_pin,))
+        STAMP.write_text(wanted)
+    return venv_python(VENV)
+
+
+def check_gpu(python: Path, expected: set[int]) -> None:
+    query = (
+        "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA GPU';"
+        "c = torch.cuda.get_device_capability();"
+        "print(c[0] * 10 + c[1], torch.cuda.get_device_name())"
+    )
+    out = subprocess.run(
+        [python, "-c", query], check=True, capture_output=True, text=True
+    ).stdout.split(maxsplit=1)
+    sm, name = int(out[0]), out[1].strip()
+    log(f"GPU: {name} (SM{sm})")
+    if sm not in expected:
+        raise SystemExit(
+            f"this step is for SM{sorted(expected)}, but the agent's GPU is "
+            f"{name} (SM{sm}); check the step's agent queue"
+        )
+
+
+def ran_tests(report: Path) -> int:
+    """Tests in the JUnit report that ran (neither skipped nor errored out)."""
+    root = ET.parse(report).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    total = sum(int(s.get("tests", 0)) for s in suites)
+    skipped = sum(int(s.get("skipped", 0)) for s in suites)
+    return total - skipped
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--expect-sm",
+        required=True,
+        help="comma-separated compute capabilities the step is for, e.g. 100,103",
+    )
+    parser.add_argument("--report", required=True, help="JUnit report name")
+    parser.add_argument("pytest_args", nargs="+")
+    args = parser.parse_args()
+
+    if shutil.which("nvidia-smi"):
+        subprocess.run(["nvidia-smi"], check=False)
+    python = provision()
+    check_gpu(python, {int(sm) for sm in args.expect_sm.split(",")})
+    report = REPORTS / f"{args.report}.xml"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    status = subprocess.run(
+        [python, "-m", "pytest", "-v", "-rs", f"--junitxml={report}"]
+        + args.pytest_args,
+        cwd=REPO,
+        check=False,
+    ).returncode
+    if status != 0:
+        sys.exit(status)
+    if ran_tests(report) == 0:
+        raise SystemExit(
+            "every selected test was skipped: the GPU step checked nothing"
+        )
+
+
+if __name__ == "__main__":
+    main()
