@@ -214,28 +214,14 @@ def point(
 
 
 def _sweep_configs(tokens: int, heads: int) -> list[dict]:
+    # (block_h, num_warps, dv_splits, block_n) tiles that compile without
+    # (or with few) register spills for these head counts.
     if heads <= 16:
-        tiles = [
-            dict(block_h=16, num_warps=4, dv_splits=1, block_n=bn)
-            for bn in (16, 32, 64)
-        ]
+        tiles = [(16, 8, 1, 32), (16, 8, 1, 16), (16, 4, 1, 32)]
     elif heads <= 64:
-        tiles = [
-            dict(block_h=64, num_warps=8, dv_splits=1, block_n=bn) for bn in (16, 32)
-        ]
-        tiles += [
-            dict(block_h=64, num_warps=8, dv_splits=2, block_n=32),
-            dict(block_h=64, num_warps=4, dv_splits=2, block_n=32),
-            dict(block_h=64, num_warps=4, dv_splits=4, block_n=32),
-        ]
+        tiles = [(64, 8, 1, 16), (64, 8, 2, 16), (64, 4, 2, 16), (128, 8, 2, 16)]
     else:
-        tiles = [
-            dict(block_h=64, num_warps=8, dv_splits=1, block_n=bn) for bn in (16, 32)
-        ]
-        tiles += [
-            dict(block_h=128, num_warps=8, dv_splits=2, block_n=bn) for bn in (32, 64)
-        ]
-        tiles += [dict(block_h=128, num_warps=8, dv_splits=4, block_n=32)]
+        tiles = [(128, 8, 2, 16), (128, 8, 2, 32), (64, 8, 1, 16), (64, 8, 1, 32)]
     if tokens >= 128:
         splits = (1,)
     elif tokens >= 32:
@@ -243,9 +229,8 @@ def _sweep_configs(tokens: int, heads: int) -> list[dict]:
     else:
         splits = (8, 20)
     return [
-        dict(tile, num_stages=st, num_splits=sp)
-        for tile in tiles
-        for st in (1, 2)
+        dict(block_h=bh, num_warps=nw, dv_splits=dvs, block_n=bn, num_splits=sp)
+        for bh, nw, dvs, bn in tiles
         for sp in splits
     ]
 

@@ -41,59 +41,98 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _load_kv_cols(
+def _load_slots(idx_ptr, idx_stride, c, chunk_hi, seg_len, BLOCK_N: tl.constexpr):
+    """Slot ids of chunk ``c``; -1 where past the row's length or the range."""
+    pos = c * BLOCK_N + tl.arange(0, BLOCK_N)
+    # pos < chunk_hi * BLOCK_N is "c < chunk_hi" in a form that is already a
+    # per-lane mask.
+    live = (pos < seg_len) & (pos < chunk_hi * BLOCK_N)
+    return tl.load(idx_ptr + pos * idx_stride, mask=live, other=-1)
+
+
+@triton.jit
+def _gather_rows(
     pool_ptr,
-    page,
-    in_page,
-    valid,
-    col0,
+    slots,
     page_size,
     page_stride,
     token_stride,
-    NCOLS: tl.constexpr,
     IS_FP8: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Gather columns [col0, col0 + NCOLS) of ``BLOCK_N`` latent rows as a
-    BF16 tile (col0 and NCOLS multiples of 64).
+    """Issue the loads of ``BLOCK_N`` latent rows, still encoded.
 
-    Invalid rows come back as zeros, so that garbage (possibly NaN) bytes of
-    unused slots can never reach the P @ V product.
+    Returns (body, scales, rope). For packed records: the 448 FP8 bytes in a
+    [BLOCK_N, 512] uint8 tile (last 64 columns zero), the 8 UE8M0 bytes and
+    the 64 BF16 RoPE values. For BF16 pools: the rows and two unused zeros.
+    Rows of unused slots are zeros, so that garbage (possibly NaN) bytes can
+    never reach the P @ V product.
     """
-    d = col0 + tl.arange(0, NCOLS)
+    valid = slots >= 0
+    page = (slots // page_size).to(tl.int64)
+    in_page = (slots % page_size).to(tl.int64)
+    d = tl.arange(0, 512)
     if IS_FP8:
         page_base = pool_ptr + page * page_stride
         rec = page_base + in_page * 576
-        nope_mask = valid[:, None] & (d < 448)[None, :]
-        raw = tl.load(rec[:, None] + d[None, :], mask=nope_mask, other=0)
-        nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-        # The scale bytes sit in the page footer. Byte 7 is padding: reading
-        # exponent 127 (a factor of one) there instead lets the RoPE block go
-        # through the same reshape as the FP8 blocks.
-        j = col0 // 64 + tl.arange(0, NCOLS // 64)
+        body = tl.load(
+            rec[:, None] + d[None, :],
+            mask=valid[:, None] & (d < 448)[None, :],
+            other=0,
+        )
+        # Byte 7 of the footer is padding: exponent 127 (a factor of one)
+        # there lets the RoPE block share the scaling reshape of the others.
+        j = tl.arange(0, 8)
         sc_ptr = page_base + page_size * 576 + in_page * 8
-        sc = tl.load(
+        scales = tl.load(
             sc_ptr[:, None] + j[None, :],
             mask=valid[:, None] & (j < 7)[None, :],
             other=127,
         )
+        r = tl.arange(0, 64)
+        rope_ptr = (rec + 448).to(tl.pointer_type(tl.bfloat16))
+        rope = tl.load(rope_ptr[:, None] + r[None, :], mask=valid[:, None], other=0)
+    else:
+        row = pool_ptr + page * page_stride + in_page * token_stride
+        body = tl.load(row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        scales = tl.zeros((BLOCK_N, 8), dtype=tl.uint8)
+        rope = tl.zeros((BLOCK_N, 64), dtype=tl.bfloat16)
+    return body, scales, rope
+
+
+@triton.jit
+def _decode_rows(body, scales, rope, IS_FP8: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BLOCK_N, 512] BF16 latent rows from what _gather_rows loaded."""
+    if IS_FP8:
+        d = tl.arange(0, 512)
+        nope = body.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
         # UE8M0 byte e encodes 2 ** (e - 127): exactly the float32 whose
         # exponent field is e, which avoids an exp2. A power of two keeps the
         # BF16 product exact, so no float32 copy of the tile is needed.
-        scale = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+        scale = (scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)
         deq = tl.reshape(
-            tl.reshape(nope, (BLOCK_N, NCOLS // 64, 64))
-            * scale.to(tl.bfloat16)[:, :, None],
-            (BLOCK_N, NCOLS),
+            tl.reshape(nope, (BLOCK_N, 8, 64)) * scale.to(tl.bfloat16)[:, :, None],
+            (BLOCK_N, 512),
         )
-        rope_ptr = (rec + 448).to(tl.pointer_type(tl.bfloat16))
-        rope_mask = valid[:, None] & (d >= 448)[None, :]
-        rope = tl.load(rope_ptr[:, None] + (d - 448)[None, :], mask=rope_mask, other=0)
-        kv = tl.where((d < 448)[None, :], deq, rope)
+        # Spread the 64 RoPE values over all eight 64-wide blocks and keep
+        # them in the last one: Triton has no column concatenation.
+        rope_wide = tl.reshape(
+            tl.broadcast_to(rope[:, None, :], (BLOCK_N, 8, 64)), (BLOCK_N, 512)
+        )
+        return tl.where((d < 448)[None, :], deq, rope_wide)
     else:
-        row = pool_ptr + page * page_stride + in_page * token_stride
-        kv = tl.load(row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-    return kv
+        return body
+
+
+@triton.jit
+def _value_cols(k, dv0, BLOCK_N: tl.constexpr, DV: tl.constexpr):
+    """Columns [dv0, dv0 + DV) of the [BLOCK_N, 512] tile ``k`` (DV 256 or
+    512), taken in registers because Triton tensors cannot be sliced."""
+    if DV == 512:
+        return k
+    else:
+        lo, hi = tl.split(tl.permute(tl.reshape(k, (BLOCK_N, 2, 256)), (0, 2, 1)))
+        return tl.where(dv0 == 0, lo, hi)
 
 
 @triton.jit
@@ -119,28 +158,29 @@ def _attend_segment(
 ):
     """Online-softmax accumulation over chunks [chunk_lo, chunk_hi) of one
     segment, for output dims [dv0, dv0 + DV). Scores are kept in the base-2
-    domain (qk_scale includes log2 e)."""
-    offs = tl.arange(0, BLOCK_N)
+    domain (qk_scale includes log2 e).
+
+    The loads are software-pipelined by hand: the slot ids run two chunks
+    ahead and the rows one chunk ahead of the math, so each chunk's chain of
+    dependent memory round trips (slot id, then row) overlaps the previous
+    chunk's matrix products instead of stalling them.
+    """
+    slots = _load_slots(idx_ptr, idx_stride, chunk_lo, chunk_hi, seg_len, BLOCK_N)
+    slots_next = _load_slots(
+        idx_ptr, idx_stride, chunk_lo + 1, chunk_hi, seg_len, BLOCK_N
+    )
+    body, scales, rope = _gather_rows(
+        pool_ptr, slots, page_size, page_stride, token_stride, IS_FP8, BLOCK_N
+    )
     for c in range(chunk_lo, chunk_hi):
-        pos = c * BLOCK_N + offs
-        in_len = pos < seg_len
-        slots = tl.load(idx_ptr + pos * idx_stride, mask=in_len, other=-1)
-        valid = in_len & (slots >= 0)
-        page = (slots // page_size).to(tl.int64)
-        in_page = (slots % page_size).to(tl.int64)
-        k = _load_kv_cols(
-            pool_ptr,
-            page,
-            in_page,
-            valid,
-            0,
-            page_size,
-            page_stride,
-            token_stride,
-            512,
-            IS_FP8,
-            BLOCK_N,
+        valid = slots >= 0
+        slots_after = _load_slots(
+            idx_ptr, idx_stride, c + 2, chunk_hi, seg_len, BLOCK_N
         )
+        body_n, scales_n, rope_n = _gather_rows(
+            pool_ptr, slots_next, page_size, page_stride, token_stride, IS_FP8, BLOCK_N
+        )
+        k = _decode_rows(body, scales, rope, IS_FP8, BLOCK_N)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -150,26 +190,14 @@ def _attend_segment(
         alpha = tl.exp2(m_i - m_shift)
         p = tl.exp2(s - m_shift[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if DV == 512:
-            v = k
-        else:
-            # This program owns only DV output dims: re-gather those columns
-            # (an L1/L2 hit) rather than keep a slice Triton cannot take.
-            v = _load_kv_cols(
-                pool_ptr,
-                page,
-                in_page,
-                valid,
-                dv0,
-                page_size,
-                page_stride,
-                token_stride,
-                DV,
-                IS_FP8,
-                BLOCK_N,
-            )
+        v = _value_cols(k, dv0, BLOCK_N, DV)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
         m_i = m_new
+        slots = slots_next
+        slots_next = slots_after
+        body = body_n
+        scales = scales_n
+        rope = rope_n
     return acc, m_i, l_i
 
 
@@ -495,6 +523,8 @@ def _launch(
         raise ValueError("extra_sparse_indices needs compressed_kv_cache")
     if num_tokens == 0:
         return out
+    if dv_splits not in (1, 2):
+        raise ValueError(f"dv_splits must be 1 or 2, got {dv_splits}")
 
     swa_pool, swa_fp8, swa_ps, swa_pstride, swa_tstride = _pool_geometry(
         swa_kv_cache, kv_layout, "swa_kv_cache"
