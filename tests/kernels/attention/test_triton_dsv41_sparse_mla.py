@@ -275,7 +275,15 @@ def test_matches_reference(heads: int, record: str, both: bool, num_tokens: int)
 
 
 # (block_h, num_warps, dv_splits): every tile shape the launcher may pick.
-TILES = [(64, 8, 1), (128, 8, 2), (64, 4, 2), (16, 8, 1), (16, 4, 1), (32, 4, 2)]
+TILES = [
+    (64, 8, 1),
+    (128, 8, 2),
+    (128, 8, 4),
+    (64, 4, 2),
+    (16, 8, 1),
+    (16, 4, 1),
+    (32, 4, 2),
+]
 
 
 @pytest.mark.parametrize("num_splits", [1, 3, 10])

@@ -41,98 +41,59 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _load_slots(idx_ptr, idx_stride, c, chunk_hi, seg_len, BLOCK_N: tl.constexpr):
-    """Slot ids of chunk ``c``; -1 where past the row's length or the range."""
-    pos = c * BLOCK_N + tl.arange(0, BLOCK_N)
-    # pos < chunk_hi * BLOCK_N is "c < chunk_hi" in a form that is already a
-    # per-lane mask.
-    live = (pos < seg_len) & (pos < chunk_hi * BLOCK_N)
-    return tl.load(idx_ptr + pos * idx_stride, mask=live, other=-1)
-
-
-@triton.jit
-def _gather_rows(
+def _load_kv_cols(
     pool_ptr,
-    slots,
+    page,
+    in_page,
+    valid,
+    col0,
     page_size,
     page_stride,
     token_stride,
+    NCOLS: tl.constexpr,
     IS_FP8: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Issue the loads of ``BLOCK_N`` latent rows, still encoded.
+    """Gather columns [col0, col0 + NCOLS) of ``BLOCK_N`` latent rows as a
+    BF16 tile (col0 and NCOLS multiples of 64).
 
-    Returns (body, scales, rope). For packed records: the 448 FP8 bytes in a
-    [BLOCK_N, 512] uint8 tile (last 64 columns zero), the 8 UE8M0 bytes and
-    the 64 BF16 RoPE values. For BF16 pools: the rows and two unused zeros.
-    Rows of unused slots are zeros, so that garbage (possibly NaN) bytes can
-    never reach the P @ V product.
+    Invalid rows come back as zeros, so that garbage (possibly NaN) bytes of
+    unused slots can never reach the P @ V product.
     """
-    valid = slots >= 0
-    page = (slots // page_size).to(tl.int64)
-    in_page = (slots % page_size).to(tl.int64)
-    d = tl.arange(0, 512)
+    d = col0 + tl.arange(0, NCOLS)
     if IS_FP8:
         page_base = pool_ptr + page * page_stride
         rec = page_base + in_page * 576
-        body = tl.load(
-            rec[:, None] + d[None, :],
-            mask=valid[:, None] & (d < 448)[None, :],
-            other=0,
-        )
-        # Byte 7 of the footer is padding: exponent 127 (a factor of one)
-        # there lets the RoPE block share the scaling reshape of the others.
-        j = tl.arange(0, 8)
+        nope_mask = valid[:, None] & (d < 448)[None, :]
+        raw = tl.load(rec[:, None] + d[None, :], mask=nope_mask, other=0)
+        nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        # The scale bytes sit in the page footer. Byte 7 is padding: reading
+        # exponent 127 (a factor of one) there instead lets the RoPE block go
+        # through the same reshape as the FP8 blocks.
+        j = col0 // 64 + tl.arange(0, NCOLS // 64)
         sc_ptr = page_base + page_size * 576 + in_page * 8
-        scales = tl.load(
+        sc = tl.load(
             sc_ptr[:, None] + j[None, :],
             mask=valid[:, None] & (j < 7)[None, :],
             other=127,
         )
-        r = tl.arange(0, 64)
-        rope_ptr = (rec + 448).to(tl.pointer_type(tl.bfloat16))
-        rope = tl.load(rope_ptr[:, None] + r[None, :], mask=valid[:, None], other=0)
-    else:
-        row = pool_ptr + page * page_stride + in_page * token_stride
-        body = tl.load(row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-        scales = tl.zeros((BLOCK_N, 8), dtype=tl.uint8)
-        rope = tl.zeros((BLOCK_N, 64), dtype=tl.bfloat16)
-    return body, scales, rope
-
-
-@triton.jit
-def _decode_rows(body, scales, rope, IS_FP8: tl.constexpr, BLOCK_N: tl.constexpr):
-    """[BLOCK_N, 512] BF16 latent rows from what _gather_rows loaded."""
-    if IS_FP8:
-        d = tl.arange(0, 512)
-        nope = body.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
         # UE8M0 byte e encodes 2 ** (e - 127): exactly the float32 whose
         # exponent field is e, which avoids an exp2. A power of two keeps the
         # BF16 product exact, so no float32 copy of the tile is needed.
-        scale = (scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+        scale = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
         deq = tl.reshape(
-            tl.reshape(nope, (BLOCK_N, 8, 64)) * scale.to(tl.bfloat16)[:, :, None],
-            (BLOCK_N, 512),
+            tl.reshape(nope, (BLOCK_N, NCOLS // 64, 64))
+            * scale.to(tl.bfloat16)[:, :, None],
+            (BLOCK_N, NCOLS),
         )
-        # Spread the 64 RoPE values over all eight 64-wide blocks and keep
-        # them in the last one: Triton has no column concatenation.
-        rope_wide = tl.reshape(
-            tl.broadcast_to(rope[:, None, :], (BLOCK_N, 8, 64)), (BLOCK_N, 512)
-        )
-        return tl.where((d < 448)[None, :], deq, rope_wide)
+        rope_ptr = (rec + 448).to(tl.pointer_type(tl.bfloat16))
+        rope_mask = valid[:, None] & (d >= 448)[None, :]
+        rope = tl.load(rope_ptr[:, None] + (d - 448)[None, :], mask=rope_mask, other=0)
+        kv = tl.where((d < 448)[None, :], deq, rope)
     else:
-        return body
-
-
-@triton.jit
-def _value_cols(k, dv0, BLOCK_N: tl.constexpr, DV: tl.constexpr):
-    """Columns [dv0, dv0 + DV) of the [BLOCK_N, 512] tile ``k`` (DV 256 or
-    512), taken in registers because Triton tensors cannot be sliced."""
-    if DV == 512:
-        return k
-    else:
-        lo, hi = tl.split(tl.permute(tl.reshape(k, (BLOCK_N, 2, 256)), (0, 2, 1)))
-        return tl.where(dv0 == 0, lo, hi)
+        row = pool_ptr + page * page_stride + in_page * token_stride
+        kv = tl.load(row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    return kv
 
 
 @triton.jit
@@ -158,29 +119,28 @@ def _attend_segment(
 ):
     """Online-softmax accumulation over chunks [chunk_lo, chunk_hi) of one
     segment, for output dims [dv0, dv0 + DV). Scores are kept in the base-2
-    domain (qk_scale includes log2 e).
-
-    The loads are software-pipelined by hand: the slot ids run two chunks
-    ahead and the rows one chunk ahead of the math, so each chunk's chain of
-    dependent memory round trips (slot id, then row) overlaps the previous
-    chunk's matrix products instead of stalling them.
-    """
-    slots = _load_slots(idx_ptr, idx_stride, chunk_lo, chunk_hi, seg_len, BLOCK_N)
-    slots_next = _load_slots(
-        idx_ptr, idx_stride, chunk_lo + 1, chunk_hi, seg_len, BLOCK_N
-    )
-    body, scales, rope = _gather_rows(
-        pool_ptr, slots, page_size, page_stride, token_stride, IS_FP8, BLOCK_N
-    )
+    domain (qk_scale includes log2 e)."""
+    offs = tl.arange(0, BLOCK_N)
     for c in range(chunk_lo, chunk_hi):
-        valid = slots >= 0
-        slots_after = _load_slots(
-            idx_ptr, idx_stride, c + 2, chunk_hi, seg_len, BLOCK_N
+        pos = c * BLOCK_N + offs
+        in_len = pos < seg_len
+        slots = tl.load(idx_ptr + pos * idx_stride, mask=in_len, other=-1)
+        valid = in_len & (slots >= 0)
+        page = (slots // page_size).to(tl.int64)
+        in_page = (slots % page_size).to(tl.int64)
+        k = _load_kv_cols(
+            pool_ptr,
+            page,
+            in_page,
+            valid,
+            0,
+            page_size,
+            page_stride,
+            token_stride,
+            512,
+            IS_FP8,
+            BLOCK_N,
         )
-        body_n, scales_n, rope_n = _gather_rows(
-            pool_ptr, slots_next, page_size, page_stride, token_stride, IS_FP8, BLOCK_N
-        )
-        k = _decode_rows(body, scales, rope, IS_FP8, BLOCK_N)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -190,14 +150,26 @@ def _attend_segment(
         alpha = tl.exp2(m_i - m_shift)
         p = tl.exp2(s - m_shift[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _value_cols(k, dv0, BLOCK_N, DV)
+        if DV == 512:
+            v = k
+        else:
+            # This program owns only DV output dims: re-gather those columns
+            # (an L1/L2 hit) rather than keep a slice Triton cannot take.
+            v = _load_kv_cols(
+                pool_ptr,
+                page,
+                in_page,
+                valid,
+                dv0,
+                page_size,
+                page_stride,
+                token_stride,
+                DV,
+                IS_FP8,
+                BLOCK_N,
+            )
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
         m_i = m_new
-        slots = slots_next
-        slots_next = slots_after
-        body = body_n
-        scales = scales_n
-        rope = rope_n
     return acc, m_i, l_i
 
 
@@ -469,18 +441,30 @@ def _indices_2d(indices: torch.Tensor, num_tokens: int, name: str) -> torch.Tens
     return indices
 
 
-def _default_config(
-    num_tokens: int, num_heads: int, num_chunks: int, device: torch.device
-) -> tuple[int, int]:
-    """(block_h, num_splits): split the candidates only while the
-    (token, head-block) grid alone leaves most multiprocessors idle."""
-    block_h = 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
-    base = num_tokens * triton.cdiv(num_heads, block_h)
+def _default_tile(num_tokens: int, num_heads: int) -> tuple[int, int, int]:
+    """(block_h, num_warps, dv_splits), chosen from a sweep on an H200.
+
+    The [block_h, 512 / dv_splits] float32 accumulator is what bounds the tile
+    (it must fit in registers beside the gathered rows): 128 heads go as one
+    M=128 block whose two warpgroups each own half of the output dims; up to
+    64 heads as one M=64 block. With very few tokens, cutting the output dims
+    further gives more programs to hide the gather latency.
+    """
+    if num_heads <= 16:
+        return 16, 4, 1
+    if num_heads <= 32:
+        return 32, 4, 1
+    if num_heads <= 64:
+        return 64, 8, 1
+    blocks = triton.cdiv(num_heads, 128)
+    return 128, 8, (4 if num_tokens * blocks <= 4 else 2)
+
+
+def _default_splits(base_programs: int, num_chunks: int, device: torch.device) -> int:
+    """Cut the candidate list only while the (token, head block, output-dim
+    part) grid alone leaves multiprocessors idle; about one wave in all."""
     sms = _num_sms(device.index if device.index is not None else 0)
-    if base >= sms:
-        return block_h, 1
-    splits = min(triton.cdiv(2 * sms, base), num_chunks)
-    return block_h, max(splits, 1)
+    return max(1, min(num_chunks, sms // base_programs))
 
 
 def _launch(
@@ -496,12 +480,12 @@ def _launch(
     extra_sparse_topk_lens: torch.Tensor | None,
     kv_layout: str,
     *,
-    block_n: int = 64,
+    block_n: int = 32,
     block_h: int | None = None,
     num_splits: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 1,
-    dv_splits: int = 1,
+    dv_splits: int | None = None,
 ) -> torch.Tensor:
     if query.ndim != 3 or query.shape[-1] != _HEAD_DIM:
         raise ValueError(f"query must be [tokens, heads, 512], got {query.shape}")
@@ -521,10 +505,12 @@ def _launch(
     has_cmp = extra_sparse_indices is not None
     if has_cmp and compressed_kv_cache is None:
         raise ValueError("extra_sparse_indices needs compressed_kv_cache")
+    if sinks is not None and (
+        sinks.dtype != torch.float32 or tuple(sinks.shape) != (num_heads,)
+    ):
+        raise ValueError(f"sinks must be float32 of shape ({num_heads},)")
     if num_tokens == 0:
         return out
-    if dv_splits not in (1, 2):
-        raise ValueError(f"dv_splits must be 1 or 2, got {dv_splits}")
 
     swa_pool, swa_fp8, swa_ps, swa_pstride, swa_tstride = _pool_geometry(
         swa_kv_cache, kv_layout, "swa_kv_cache"
@@ -544,18 +530,19 @@ def _launch(
         cmp_pool, cmp_fp8, cmp_ps, cmp_pstride, cmp_tstride = swa_pool, False, 1, 0, 0
         cmp_idx, cmp_lens, cmp_cap = swa_idx, swa_topk_lens, 0
 
-    num_chunks = triton.cdiv(swa_cap, block_n) + triton.cdiv(cmp_cap, block_n)
-    default_bh, default_splits = _default_config(
-        num_tokens, num_heads, max(num_chunks, 1), query.device
-    )
+    default_bh, default_warps, default_dv = _default_tile(num_tokens, num_heads)
     block_h = block_h or default_bh
-    num_splits = num_splits or default_splits
-    num_splits = max(1, min(num_splits, max(num_chunks, 1)))
-    chunks_per_split = triton.cdiv(max(num_chunks, 1), num_splits)
+    num_warps = num_warps or default_warps
+    dv_splits = dv_splits or default_dv
+    if dv_splits not in (1, 2, 4):
+        raise ValueError(f"dv_splits must be 1, 2 or 4, got {dv_splits}")
+    num_chunks = max(triton.cdiv(swa_cap, block_n) + triton.cdiv(cmp_cap, block_n), 1)
+    base = num_tokens * triton.cdiv(num_heads, block_h) * dv_splits
+    num_splits = num_splits or _default_splits(base, num_chunks, query.device)
+    num_splits = max(1, min(num_splits, num_chunks))
+    chunks_per_split = triton.cdiv(num_chunks, num_splits)
     # Recompute so no split is left with an empty range by the rounding.
-    num_splits = triton.cdiv(max(num_chunks, 1), chunks_per_split)
-    if num_warps is None:
-        num_warps = 8 if block_h >= 64 else 4
+    num_splits = triton.cdiv(num_chunks, chunks_per_split)
 
     split = num_splits > 1
     if split:
