@@ -26,7 +26,11 @@ import sys
 import torch
 import triton
 
-from vllm.v1.attention.ops.triton_dsv41_sparse_mla import _launch
+from vllm.v1.attention.ops.triton_dsv41_sparse_mla import (
+    _default_splits,
+    _default_tile,
+    _launch,
+)
 
 # Ceilings measured on this workplace's H200 (device copy and dense BF16 GEMM).
 PEAK_BW = 4.3e12
@@ -143,6 +147,15 @@ def run_torch(x):
     return x["out"]
 
 
+def default_config(tokens: int, heads: int) -> str:
+    """The launch configuration the kernel picks by itself, for the table."""
+    block_h, num_warps, dv_splits = _default_tile(tokens, heads)
+    chunks = -(-SWA_CAP // 32) - (-CMP_CAP // 32)
+    base = tokens * -(-heads // block_h) * dv_splits
+    splits = _default_splits(base, chunks, torch.device("cuda"))
+    return f"bh{block_h} w{num_warps} dv/{dv_splits} bn32 s{splits}"
+
+
 def cost(tokens: int, heads: int) -> tuple[float, float]:
     n = SWA_CAP + CMP_CAP
     flops = 2.0 * heads * n * (512 + 512) * tokens
@@ -194,7 +207,7 @@ def point(
         tokens=tokens,
         heads=heads,
         candidates=SWA_CAP + CMP_CAP,
-        config=cfg or "default",
+        config=cfg or default_config(tokens, heads),
         time_us=t_ms * 1e3,
         tflops=flops / (t_ms * 1e-3) / 1e12,
         bytes=bytes_,
@@ -286,6 +299,11 @@ def main() -> None:
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--sweep", action="store_true", help="try launch configs")
     ap.add_argument("--sweep-only", action="store_true", help="only the sweep")
+    ap.add_argument(
+        "--compare-early",
+        action="store_true",
+        help="also time the early_loads variant against the default",
+    )
     ap.add_argument("--prefill-tokens", type=int, default=4096)
     ap.add_argument("--prefill-heads", type=int, default=128)
     args = ap.parse_args()
@@ -332,6 +350,25 @@ def main() -> None:
             )
     rows.append(point(args.prefill_tokens, args.prefill_heads, "prefill", True))
     result["rows"] = rows
+    if args.compare_early:
+        result["early_compare"] = []
+        for tokens, heads in (
+            (128, 128),
+            (256, 128),
+            (128, 64),
+            (256, 64),
+            (128, 16),
+            (32, 128),
+            (8, 128),
+            (1, 128),
+        ):
+            a = point(tokens, heads, "compare", False, rep_ms=60)
+            b = point(tokens, heads, "compare", False, rep_ms=60, early_loads=True)
+            result["early_compare"].append((tokens, heads, a["time_us"], b["time_us"]))
+            print(
+                f"early_loads T={tokens} H={heads}: {a['time_us']:.1f} -> "
+                f"{b['time_us']:.1f} us (err {b['rel_err_vs_torch']:.1e})"
+            )
     tag = meta["gpu"].replace(" ", "_").lower()
     base = os.path.join(args.out_dir, f"dsv41_sparse_mla_{tag}")
     with open(base + ".json", "w") as f:

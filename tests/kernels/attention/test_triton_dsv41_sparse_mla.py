@@ -312,6 +312,30 @@ def test_launch_configs_agree(num_splits: int, block_n: int, tile):
     assert rel_err(out, ref) < RTOL
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("tile", [(128, 8, 2), (64, 8, 1), (16, 4, 1)])
+def test_early_loads_agree(num_splits: int, tile):
+    """The variant that prefetches slot ids and value columns computes the
+    same function."""
+    block_h, num_warps, dv_splits = tile
+    heads = 128 if block_h == 128 else 40
+    q, segments, sinks = make_case(5, heads, "fp8", True, True, seed=41)
+    ref = reference(q, segments, SM_SCALE, sinks)
+    out = run_kernel(
+        q,
+        segments,
+        sinks,
+        SM_SCALE,
+        num_splits=num_splits,
+        block_h=block_h,
+        num_warps=num_warps,
+        dv_splits=dv_splits,
+        early_loads=True,
+    )
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < RTOL
+
+
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_empty_rows_give_zeros(num_splits: int):
     q, segments, sinks = make_case(6, 24, "fp8", True, True, seed=11)

@@ -116,16 +116,38 @@ def _attend_segment(
     IS_FP8: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DV: tl.constexpr,
+    EARLY_LOADS: tl.constexpr,
 ):
     """Online-softmax accumulation over chunks [chunk_lo, chunk_hi) of one
     segment, for output dims [dv0, dv0 + DV). Scores are kept in the base-2
-    domain (qk_scale includes log2 e)."""
+    domain (qk_scale includes log2 e).
+
+    EARLY_LOADS reads the next chunk's slot ids one chunk ahead and issues
+    the value-column gather before the Q.K product, to take dependent memory
+    round trips off each chunk's critical path (costs a few registers).
+    """
     offs = tl.arange(0, BLOCK_N)
+    if EARLY_LOADS:
+        first = chunk_lo * BLOCK_N + offs
+        slots_next = tl.load(
+            idx_ptr + first * idx_stride,
+            mask=(first < seg_len) & (first < chunk_hi * BLOCK_N),
+            other=-1,
+        )
     for c in range(chunk_lo, chunk_hi):
         pos = c * BLOCK_N + offs
-        in_len = pos < seg_len
-        slots = tl.load(idx_ptr + pos * idx_stride, mask=in_len, other=-1)
-        valid = in_len & (slots >= 0)
+        if EARLY_LOADS:
+            slots = slots_next
+            nxt = pos + BLOCK_N
+            slots_next = tl.load(
+                idx_ptr + nxt * idx_stride,
+                mask=(nxt < seg_len) & (nxt < chunk_hi * BLOCK_N),
+                other=-1,
+            )
+        else:
+            slots = tl.load(idx_ptr + pos * idx_stride, mask=pos < seg_len, other=-1)
+        # Entries past the length were loaded as -1, so this is the full mask.
+        valid = slots >= 0
         page = (slots // page_size).to(tl.int64)
         in_page = (slots % page_size).to(tl.int64)
         k = _load_kv_cols(
@@ -141,6 +163,20 @@ def _attend_segment(
             IS_FP8,
             BLOCK_N,
         )
+        if DV < 512 and EARLY_LOADS:
+            v = _load_kv_cols(
+                pool_ptr,
+                page,
+                in_page,
+                valid,
+                dv0,
+                page_size,
+                page_stride,
+                token_stride,
+                DV,
+                IS_FP8,
+                BLOCK_N,
+            )
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -152,7 +188,7 @@ def _attend_segment(
         l_i = l_i * alpha + tl.sum(p, 1)
         if DV == 512:
             v = k
-        else:
+        elif not EARLY_LOADS:
             # This program owns only DV output dims: re-gather those columns
             # (an L1/L2 hit) rather than keep a slice Triton cannot take.
             v = _load_kv_cols(
@@ -216,6 +252,7 @@ def _sparse_mla_fwd_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DV_SPLITS: tl.constexpr,
+    EARLY_LOADS: tl.constexpr,
 ):
     DV: tl.constexpr = 512 // DV_SPLITS
     # The programs of one token (head blocks x output-dim parts) are adjacent
@@ -267,6 +304,7 @@ def _sparse_mla_fwd_kernel(
         SWA_FP8,
         BLOCK_N,
         DV,
+        EARLY_LOADS,
     )
     if HAS_CMP:
         cmp_len = tl.minimum(tl.load(cmp_lens_ptr + t), cmp_cap)
@@ -289,6 +327,7 @@ def _sparse_mla_fwd_kernel(
             CMP_FP8,
             BLOCK_N,
             DV,
+            EARLY_LOADS,
         )
 
     if SPLIT:
@@ -486,6 +525,7 @@ def _launch(
     num_warps: int | None = None,
     num_stages: int = 1,
     dv_splits: int | None = None,
+    early_loads: bool = False,
 ) -> torch.Tensor:
     if query.ndim != 3 or query.shape[-1] != _HEAD_DIM:
         raise ValueError(f"query must be [tokens, heads, 512], got {query.shape}")
@@ -602,6 +642,7 @@ def _launch(
         BLOCK_H=block_h,
         BLOCK_N=block_n,
         DV_SPLITS=dv_splits,
+        EARLY_LOADS=early_loads,
         num_warps=num_warps,
         num_stages=num_stages,
     )
