@@ -279,8 +279,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "(L2 cleared before each).",
         "",
         "| kind | tokens | heads | time (us) | TFLOP/s | GB/s | floor (us) | bound "
-        "| % of floor | torch (us) | speed-up | rel. err |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| % of floor | torch (us) | speed-up | rel. err | launch config |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
@@ -289,9 +289,30 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             f"| {r['bound']} | {r['pct_of_floor']:.1f} "
             f"| {r.get('torch_us', float('nan')):.1f} "
             f"| {r.get('speedup_vs_torch', float('nan')):.1f}x "
-            f"| {r['rel_err_vs_torch']:.1e} |"
+            f"| {r['rel_err_vs_torch']:.1e} | {r['config']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _compare_early(result: dict) -> None:
+    result["early_compare"] = []
+    for tokens, heads in (
+        (128, 128),
+        (256, 128),
+        (128, 64),
+        (256, 64),
+        (128, 16),
+        (32, 128),
+        (8, 128),
+        (1, 128),
+    ):
+        a = point(tokens, heads, "compare", False, rep_ms=60)
+        b = point(tokens, heads, "compare", False, rep_ms=60, early_loads=True)
+        result["early_compare"].append((tokens, heads, a["time_us"], b["time_us"]))
+        print(
+            f"early_loads T={tokens} H={heads}: {a['time_us']:.1f} -> "
+            f"{b['time_us']:.1f} us (err {b['rel_err_vs_torch']:.1e})"
+        )
 
 
 def main() -> None:
@@ -351,24 +372,10 @@ def main() -> None:
     rows.append(point(args.prefill_tokens, args.prefill_heads, "prefill", True))
     result["rows"] = rows
     if args.compare_early:
-        result["early_compare"] = []
-        for tokens, heads in (
-            (128, 128),
-            (256, 128),
-            (128, 64),
-            (256, 64),
-            (128, 16),
-            (32, 128),
-            (8, 128),
-            (1, 128),
-        ):
-            a = point(tokens, heads, "compare", False, rep_ms=60)
-            b = point(tokens, heads, "compare", False, rep_ms=60, early_loads=True)
-            result["early_compare"].append((tokens, heads, a["time_us"], b["time_us"]))
-            print(
-                f"early_loads T={tokens} H={heads}: {a['time_us']:.1f} -> "
-                f"{b['time_us']:.1f} us (err {b['rel_err_vs_torch']:.1e})"
-            )
+        try:
+            _compare_early(result)
+        except Exception as e:  # keep the main results
+            print(f"early_loads comparison failed: {e!r}")
     tag = meta["gpu"].replace(" ", "_").lower()
     base = os.path.join(args.out_dir, f"dsv41_sparse_mla_{tag}")
     with open(base + ".json", "w") as f:
