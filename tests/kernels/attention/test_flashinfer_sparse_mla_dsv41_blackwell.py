@@ -13,7 +13,10 @@ whose pool writers also lay out the KV bytes the kernels read:
   by FlashInfer and the page the fork negotiates accepted;
 * the model-free forward of the fork's attention classes with the real
   launcher and upstream's real Triton index builders (the approach of
-  ``tests/v1/attention/dsv41/test_attention_forward_cpu.py``, on the GPU);
+  ``tests/v1/attention/dsv41/test_attention_forward_cpu.py``, on the GPU),
+  through the fork's launcher dispatcher, so the test also checks which kernel
+  ran: FlashInfer's where the policy picks it, the fork's Triton kernel on
+  SM90 and as the SM12x fallback;
 * any CUDA GPU (the H100/H200 step): upstream's Triton index builders against
   their first-principles references.
 
@@ -27,7 +30,6 @@ torch fails.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import random
 import sys
@@ -82,6 +84,8 @@ WORKSPACE_BYTES = 128 << 20  # what vLLM hands FlashInfer's DSV4 launcher
 # Where the kernels run. A module global so the harness itself can be dry-run
 # on CPU (reference launcher, Triton interpreter) when no GPU is at hand.
 DEVICE = torch.device("cuda")
+# The name upstream's attention module calls FlashInfer's launcher by.
+LAUNCHER_NAME = "flashinfer_trtllm_batch_decode_sparse_mla_dsv4"
 
 
 # ---------------------------------------------------------------------------
@@ -447,7 +451,7 @@ SM12X_CASES = {
 def test_sm10x_trtllm_gen_matches_reference(name: str, workspace: torch.Tensor) -> None:
     case = SM10X_CASES[name]
     plan = _plan()
-    assert plan.kernel_path == "flashinfer-trtllm-gen"
+    assert plan.kernel_path == policy.TRTLLM_GEN
     w = _kernel_world(
         case,
         plan.swa_block_size,
@@ -464,7 +468,7 @@ def test_sm12x_two_segment_matches_reference(
 ) -> None:
     case = SM12X_CASES[name]
     plan = _plan()
-    assert plan.kernel_path == "flashinfer-sm120"
+    assert plan.kernel_path == policy.FLASHINFER_SM120
     comp_states = _compressed_states(plan, case.ratio) if case.ratio else 64
     w = _kernel_world(case, plan.swa_block_size, comp_states, seed=_seed(name))
     _run_and_compare(_sm12x_arguments(w), w, "sparse", workspace)
@@ -505,21 +509,46 @@ def test_sm12x_upstream_swa_page_refused_negotiated_page_served(
 # ---------------------------------------------------------------------------
 
 
-def _forward_on_gpu(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``forward_mqa`` of the fork class with FlashInfer's launcher and the
-    Triton index builders; only the forward context is a stand-in."""
+def _forward_on_gpu(
+    name: str, monkeypatch: pytest.MonkeyPatch, force_kernel: str | None = None
+) -> None:
+    """``forward_mqa`` of the fork class, with upstream's launcher name bound
+    to the fork's dispatcher (as the plugin binds it), the kernel the page
+    policy picks for this GPU and shape (or ``force_kernel``), and upstream's
+    Triton index builders. Only the forward context is a stand-in."""
+    from vllm.models.deepseek_v4_1.nvidia import sparse_mla_launcher
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as upstream
+
     case = FORWARD_CASES[name]
+    capability = _capability()
+    assert capability is not None
     plan = _plan()
     if case.ratio:
-        # The forward world pages compressed KV as the fork does on SM12x
-        # (64 states) and as upstream does on SM10x (a 128-token block).
-        expected_states = 64 if case.cls == "sm120" else 128 // case.ratio
-        assert _compressed_states(plan, case.ratio) == expected_states, (
-            "the page policy changed the compressed page; update the forward world"
-        )
+        # The forward world pages compressed KV in 64 states on the
+        # two-segment class and in a 128-token block on the TRTLLM-gen class.
+        world_states = 64 if case.cls == "sm120" else 128 // case.ratio
+        if _compressed_states(plan, case.ratio) != world_states:
+            pytest.skip(
+                f"the policy pages ratio-{case.ratio} compressed KV in "
+                f"{_compressed_states(plan, case.ratio)} states on "
+                f"SM{capability.to_int()}; this forward world uses {world_states}"
+            )
     case = dataclasses.replace(case, swa_page=plan.swa_block_size)
+    layer_cls = (
+        fork.DeepseekV4FlashInferSM120Attention
+        if case.cls == "sm120"
+        else fork.DeepseekV4FlashInferMLAAttention
+    )
+    geometry = fork.negotiate_for_model(
+        capability,
+        SimpleNamespace(num_attention_heads=case.heads, sliding_window=WINDOW),
+        tensor_parallel_size=1,
+        kv_cache_dtype="fp8" if case.kv in ("packed", "fp8") else "auto",
+        uses_fp8_ds_mla_layout=layer_cls.use_fp8_ds_mla_layout,
+    )
+    kernel = force_kernel or geometry.kernel_path
     seed = random.SystemRandom().randrange(2**31)
-    print(f"seed={seed} swa_page={plan.swa_block_size}")
+    print(f"seed={seed} swa_page={plan.swa_block_size} kernel={kernel}")
     world = build_forward_world(case, seed)
     q_cpu = world.q
     for key in ("q", "positions", "sinks", "swa_pool", "comp_pool", "topk_buffer"):
@@ -530,38 +559,34 @@ def _forward_on_gpu(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
             if isinstance(value, torch.Tensor) and not key.endswith("_cpu"):
                 setattr(metadata, key, _to_gpu(value))
     layer = make_forward_layer(world)
-    assert isinstance(
-        layer,
-        (
-            fork.DeepseekV4FlashInferSM120Attention,
-            fork.DeepseekV4FlashInferMLAAttention,
-        ),
-    )
+    assert type(layer) is layer_cls
 
-    pages_seen: list[int] = []
     for klass in type(layer).__mro__:
         module = sys.modules.get(klass.__module__)
-        if module is None:
-            continue
-        if hasattr(module, "get_forward_context"):
+        if module is not None and hasattr(module, "get_forward_context"):
             monkeypatch.setattr(
                 module,
                 "get_forward_context",
                 lambda: SimpleNamespace(attn_metadata=world.attn_metadata),
             )
-        launcher = getattr(
-            module, "flashinfer_trtllm_batch_decode_sparse_mla_dsv4", None
-        )
-        if launcher is not None:
+    # Which kernel ran, and on which SWA page.
+    calls: list[tuple[str, int]] = []
+    flashinfer = getattr(upstream, LAUNCHER_NAME)
+    run_triton = sparse_mla_launcher.run_triton
 
-            @functools.wraps(launcher)
-            def counting(*args: Any, _real: Callable = launcher, **kwargs: Any) -> Any:
-                pages_seen.append(int(kwargs["swa_kv_cache"].shape[1]))
-                return _real(*args, **kwargs)
+    def flashinfer_counting(**kwargs: Any) -> Any:
+        calls.append(("flashinfer", int(kwargs["swa_kv_cache"].shape[1])))
+        return flashinfer(**kwargs)
 
-            monkeypatch.setattr(
-                module, "flashinfer_trtllm_batch_decode_sparse_mla_dsv4", counting
-            )
+    def triton_counting(**kwargs: Any) -> Any:
+        calls.append((policy.TRITON, int(kwargs["swa_kv_cache"].shape[1])))
+        return run_triton(**kwargs)
+
+    monkeypatch.setattr(sparse_mla_launcher, "run_triton", triton_counting)
+    monkeypatch.setattr(sparse_mla_launcher, "_kernel_path", kernel)
+    monkeypatch.setattr(
+        upstream, LAUNCHER_NAME, sparse_mla_launcher.make_launcher(flashinfer_counting)
+    )
 
     output = torch.full(
         (world.q.shape[0], world.padded_heads, D),
@@ -572,8 +597,10 @@ def _forward_on_gpu(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     layer.forward_mqa(world.q, torch.empty(0, device=DEVICE), world.positions, output)
     _sync()
 
-    assert pages_seen, "FlashInfer's launcher was never called"
-    assert set(pages_seen) == {plan.swa_block_size}
+    ran = "triton" if kernel == policy.TRITON else "flashinfer"
+    assert calls, "the sparse-MLA launcher was never called"
+    assert {k for k, _ in calls} == {ran}
+    assert {page for _, page in calls} == {plan.swa_block_size}
     expected = dense_attention_oracle(
         q_cpu[: world.num_tokens].float(),
         world.stored,
@@ -598,6 +625,10 @@ SM10X_FORWARD = [n for n, c in FORWARD_CASES.items() if c.cls == "sm10x"]
 def test_sm12x_forward_through_fork_class(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """FlashInfer's SM120 kernels under the fork's two-segment class, on the
+    negotiated pages."""
+    plan = _plan()
+    assert plan.kernel_path == policy.FLASHINFER_SM120
     _forward_on_gpu(name, monkeypatch)
 
 
@@ -607,6 +638,31 @@ def test_sm10x_forward_through_fork_class(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _forward_on_gpu(name, monkeypatch)
+
+
+def _triton_forward_skip_reason() -> str | None:
+    reason = _skip_reason(None, "fork's Triton kernel path", needs_flashinfer=False)
+    capability = _capability()
+    if reason is None and capability is not None:
+        if policy.is_sm100(capability):
+            reason = "SM10x runs the TRTLLM-gen class, never the Triton kernel"
+        elif capability.to_int() < policy.TRITON_MIN_CAPABILITY:
+            reason = f"the Triton kernel needs SM{policy.TRITON_MIN_CAPABILITY}+"
+    return reason
+
+
+@pytest.mark.skipif(
+    _triton_forward_skip_reason() is not None,
+    reason=_triton_forward_skip_reason() or "",
+)
+@pytest.mark.parametrize("name", SM120_FORWARD)
+def test_two_segment_forward_on_triton(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The two-segment class on the fork's Triton kernel: the plan on SM90,
+    and on SM12x the fallback for shapes FlashInfer's tables lack (there it
+    keeps FlashInfer's negotiated pages)."""
+    _forward_on_gpu(name, monkeypatch, force_kernel=policy.TRITON)
 
 
 # ---------------------------------------------------------------------------
