@@ -2,10 +2,12 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """GPU tests of the portable Triton DSV4 sparse-MLA kernel.
 
-Each case draws seeded random inputs, poisons the output with NaN, runs the
-kernel and compares with a float64 dense reference built independently from
-the dequantized rows, so wrong addressing, a missed slot, a missing sink or an
-unwritten output all show up as errors.
+Each case draws seeded random inputs, writes the pools with the team's shared
+writers (tests/v1/attention/dsv41/sparse_mla_reference.py), poisons the output
+with NaN, runs the kernel and compares with a float64 dense reference over the
+dequantized rows and, for the shapes FlashInfer's SM120 contract covers, with
+the shared ``reference_sparse_mla_dsv4``. Wrong addressing, a missed slot, a
+missing sink or an unwritten output all show up as errors.
 """
 
 from dataclasses import dataclass
@@ -148,7 +150,13 @@ def reference(
     return torch.where(denom > 0, out / denom.clamp_min(1e-300), 0.0)
 
 
-def shared_reference(q, segments, sm_scale, sinks, layout="NHD") -> torch.Tensor:
+def shared_reference(
+    q: torch.Tensor,
+    segments: list,
+    sm_scale: float,
+    sinks: torch.Tensor | None,
+    layout: str = "NHD",
+) -> torch.Tensor:
     (swa, swa_idx, swa_lens), *rest = segments
     extra = {}
     if rest:
@@ -212,7 +220,14 @@ def make_case(
     return q, segments, sinks
 
 
-def run_kernel(q, segments, sinks, sm_scale, layout="NHD", **cfg):
+def run_kernel(
+    q: torch.Tensor,
+    segments: list,
+    sinks: torch.Tensor | None,
+    sm_scale: float,
+    layout: str = "NHD",
+    **cfg,
+) -> torch.Tensor:
     out = torch.full_like(q, float("nan"))
     swa, swa_idx, swa_lens = segments[0]
     kwargs = {}
