@@ -9,6 +9,7 @@ build is reproducible, so an unchanged overlay reuses it). The smoke check and
 the page-size plans run from the installed wheel, not from this checkout.
 """
 
+import fcntl
 import shutil
 import subprocess
 import sys
@@ -29,12 +30,15 @@ def install_fresh(wheel: Path, venv: Path = WHEEL_VENV) -> Path:
     """Install ``wheel`` into ``venv``, reusing it only if it holds this wheel."""
     stamp = venv / ".fork-wheel-sha256"
     digest = sha256_of(wheel)
-    if stamp.exists() and stamp.read_text() == digest:
-        log(f"reusing {venv.name}: it already holds this exact wheel")
-        return venv_python(venv)
-    shutil.rmtree(venv, ignore_errors=True)
-    provision_venv(venv, wheel)
-    stamp.write_text(digest)
+    # One installer at a time: the main job and the wheel tests share the venv.
+    with open(venv.with_name(venv.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and stamp.read_text() == digest:
+            log(f"reusing {venv.name}: it already holds this exact wheel")
+            return venv_python(venv)
+        shutil.rmtree(venv, ignore_errors=True)
+        provision_venv(venv, wheel)
+        stamp.write_text(digest)
     return venv_python(venv)
 
 
