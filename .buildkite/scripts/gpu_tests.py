@@ -16,8 +16,12 @@
 3. Refuses to run on a GPU other than the one the step is for: a B200 step
    that lands on an H100 would otherwise skip every test and pass.
 4. Runs pytest with the given arguments from the checkout, writes a JUnit
-   report under ``.cache/reports/`` and fails when no test ran (everything skipped
-   or deselected): a green GPU step must mean kernels ran.
+   report under ``.cache/reports/`` and fails when no test ran (everything
+   skipped or deselected): a green GPU step must mean kernels ran.
+   With ``--exec`` it runs the given Python script instead (benchmarks):
+
+    python3 .buildkite/scripts/gpu_tests.py --expect-sm 90 --exec \
+        -- benchmarks/kernels/benchmark_dsv41_sparse_mla.py --out-dir .cache/bench
 """
 
 import argparse
@@ -144,19 +148,24 @@ def main() -> None:
         required=True,
         help="comma-separated compute capabilities the step is for, e.g. 100,103",
     )
-    parser.add_argument("--report", required=True, help="JUnit report name")
-    parser.add_argument("pytest_args", nargs="+")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--report", help="JUnit report name of the pytest run")
+    mode.add_argument(
+        "--exec", action="store_true", help="run a Python script, not pytest"
+    )
+    parser.add_argument("args", nargs="+", help="pytest or script arguments")
     args = parser.parse_args()
 
     if shutil.which("nvidia-smi"):
         subprocess.run(["nvidia-smi"], check=False)
     python = provision()
     check_gpu(python, {int(sm) for sm in args.expect_sm.split(",")})
+    if args.exec:
+        sys.exit(subprocess.run([python, *args.args], cwd=REPO).returncode)
     report = REPORTS / f"{args.report}.xml"
     report.parent.mkdir(parents=True, exist_ok=True)
     status = subprocess.run(
-        [python, "-m", "pytest", "-v", "-rs", f"--junitxml={report}"]
-        + args.pytest_args,
+        [python, "-m", "pytest", "-v", "-rs", f"--junitxml={report}", *args.args],
         cwd=REPO,
         check=False,
     ).returncode
