@@ -90,12 +90,12 @@ def test_supports_combination(capability, dtype, refused):
     assert (reason is not None) == refused
 
 
-def _vllm_config(heads=64, tp_window=128, cache_dtype="auto", spec_tokens=None):
+def _vllm_config(heads=64, block_size=128, cache_dtype="auto", spec_tokens=None):
     return SimpleNamespace(
         model_config=SimpleNamespace(
             hf_config=SimpleNamespace(num_attention_heads=heads, sliding_window=128)
         ),
-        cache_config=SimpleNamespace(cache_dtype=cache_dtype, block_size=128),
+        cache_config=SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size),
         speculative_config=(
             SimpleNamespace(num_speculative_tokens=spec_tokens) if spec_tokens else None
         ),
@@ -188,6 +188,9 @@ def test_sm100_layer_keeps_upstream_caches(set_capability, stub_upstream_init):
         ((12, 0), _vllm_config(heads=256), "at most 128 attention heads"),
         ((12, 0), _vllm_config(cache_dtype="bfloat16"), "--kv-cache-dtype bfloat16"),
         ((10, 0), _vllm_config(cache_dtype="fp8_ds_mla"), "fp8_ds_mla"),
+        # The indexer K caches keep --block-size and take 128-token pages.
+        ((12, 0), _vllm_config(cache_dtype="fp8", block_size=64), "--block-size 64"),
+        ((10, 0), _vllm_config(block_size=192), r"multiple of 128"),
     ],
 )
 def test_unserved_configs_fail_before_upstream_init(

@@ -98,6 +98,29 @@ def negotiate_for_model(
     )
 
 
+def check_block_size(block_size: int) -> None:
+    """Refuse a ``--block-size`` the indexer K caches cannot be paged with.
+
+    The compressed-KV and sliding-window caches get their own pages, but the
+    indexer K caches keep ``--block-size``; its kernels take fixed pages, so
+    a size they cannot split would only fail when the worker lays out the
+    cache.
+    """
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
+
+    if DeepseekV41IndexerBackend.supports_block_size(block_size):
+        return
+    sizes = [
+        s.base if isinstance(s, MultipleOf) else s
+        for s in DeepseekV41IndexerBackend.get_supported_kernel_block_sizes()
+    ]
+    raise policy.UnsupportedSparseMLAConfig(
+        f"--block-size {block_size} cannot page DeepSeek V4.1's indexer K "
+        f"caches, whose kernels take pages of {sizes} tokens on this GPU. Use a "
+        f"multiple of {max(sizes)} (or leave --block-size unset)."
+    )
+
+
 def kernel_block_sizes(plan: policy.PagePlan | None) -> list[int | MultipleOf]:
     """Compressed-KV page sizes (tokens) the kernels take under ``plan``."""
     sizes = plan.kernel_block_sizes(DSV41_COMPRESS_RATIOS) if plan else []
@@ -229,6 +252,7 @@ class _NegotiatedPages:
                 speculative.num_speculative_tokens if speculative else None
             ),
         )
+        check_block_size(vllm_config.cache_config.block_size)
         if geometry.fallback_reason:
             logger.warning_once(geometry.fallback_reason)
         sparse_mla_launcher.use_kernel(geometry.kernel_path)
