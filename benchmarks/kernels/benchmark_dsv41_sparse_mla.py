@@ -271,15 +271,19 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [
         "# DeepSeek V4.1 sparse MLA: Triton kernel on " + meta["gpu"],
         "",
-        f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}; "
-        f"FP8 fp8_ds_mla records, SWA {SWA_CAP} + compressed top-k {CMP_CAP} "
-        "candidates per token, sinks on. Floor = max(bytes / "
-        f"{PEAK_BW / 1e12:.1f} TB/s, flops / {PEAK_FLOPS / 1e12:.0f} TFLOP/s); "
-        "times are medians of triton.testing.do_bench over CUDA-graph replays "
-        "(L2 cleared before each).",
+        (
+            f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}; "
+            f"FP8 fp8_ds_mla records, SWA {SWA_CAP} + compressed top-k {CMP_CAP} "
+            "candidates per token, sinks on. Floor = max(bytes / "
+            f"{PEAK_BW / 1e12:.1f} TB/s, flops / {PEAK_FLOPS / 1e12:.0f} TFLOP/s); "
+            "times are medians of triton.testing.do_bench over CUDA-graph replays "
+            "(L2 cleared before each)."
+        ),
         "",
-        "| kind | tokens | heads | time (us) | TFLOP/s | GB/s | floor (us) | bound "
-        "| % of floor | torch (us) | speed-up | rel. err | launch config |",
+        (
+            "| kind | tokens | heads | time (us) | TFLOP/s | GB/s | floor (us) | bound "
+            "| % of floor | torch (us) | speed-up | rel. err | launch config |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     for r in rows:
