@@ -298,18 +298,22 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# (tokens, heads) points where launch configs are swept and variants compared.
+TUNED_POINTS = (
+    (128, 128),
+    (256, 128),
+    (128, 64),
+    (256, 64),
+    (128, 16),
+    (32, 128),
+    (8, 128),
+    (1, 128),
+)
+
+
 def _compare_early(result: dict) -> None:
     result["early_compare"] = []
-    for tokens, heads in (
-        (128, 128),
-        (256, 128),
-        (128, 64),
-        (256, 64),
-        (128, 16),
-        (32, 128),
-        (8, 128),
-        (1, 128),
-    ):
+    for tokens, heads in TUNED_POINTS:
         a = point(tokens, heads, "compare", False, rep_ms=60)
         b = point(tokens, heads, "compare", False, rep_ms=60, early_loads=True)
         result["early_compare"].append((tokens, heads, a["time_us"], b["time_us"]))
@@ -348,16 +352,7 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     result: dict = dict(meta=meta)
     if args.sweep or args.sweep_only:
-        pts = [
-            (128, 128),
-            (256, 128),
-            (128, 64),
-            (256, 64),
-            (128, 16),
-            (32, 128),
-            (8, 128),
-            (1, 128),
-        ]
+        pts = list(TUNED_POINTS)
         result["sweep"] = sweep(pts)
     if args.sweep_only:
         with open(os.path.join(args.out_dir, "sweep.json"), "w") as f:

@@ -65,16 +65,6 @@ class Plan:
     error: str | None = None
 
 
-def attention_class_for(capability: DeviceCapability) -> type[DeepseekV4Attention]:
-    """The fork class vLLM builds with FLASHINFER_MLA_SPARSE_DSV41 selected:
-    TRTLLM-gen's on SM10x, the two-segment class everywhere else."""
-    from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as fork
-
-    if policy.is_sm100(capability):
-        return fork.DeepseekV4FlashInferMLAAttention
-    return fork.DeepseekV4FlashInferSM120Attention
-
-
 def cache_specs(
     capability: DeviceCapability,
     hf_config: Any,
@@ -140,17 +130,15 @@ def make_plan(
     use_non_causal: bool = False,
     envelope: policy.SM120Envelope | None = None,
 ) -> Plan:
-    from vllm.models.deepseek_v4_1.nvidia.flashinfer_sparse import (
-        negotiate_for_model,
-    )
+    from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as fork
 
     report = Plan(
         capability=f"{capability.major}.{capability.minor}",
         local_heads=hf_config.num_attention_heads // tensor_parallel_size,
     )
     try:
-        attention_cls = attention_class_for(capability)
-        geometry = negotiate_for_model(
+        attention_cls = fork.attention_class_for(capability)
+        geometry = fork.negotiate_for_model(
             capability,
             hf_config,
             tensor_parallel_size=tensor_parallel_size,

@@ -65,19 +65,17 @@ def fork_attention_class(chosen: type) -> type:
     Upstream picks the TRTLLM-gen class for every GPU but SM12x; off SM10x
     the fork runs the two-segment class instead (on the Triton kernel).
     """
-    from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as fork
     from vllm.platforms import current_platform
-    from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 
-    chosen = fork_attention_classes().get(chosen, chosen)
+    replacement = fork_attention_classes().get(chosen)
     capability = current_platform.get_device_capability()
-    if (
-        chosen is fork.DeepseekV4FlashInferMLAAttention
-        and capability is not None
-        and not policy.is_sm100(capability)
-    ):
-        return fork.DeepseekV4FlashInferSM120Attention
-    return chosen
+    if replacement is None or capability is None:
+        return replacement or chosen
+    # Upstream choosing either FlashInfer class means "this backend"; which of
+    # the fork's classes runs it depends on the GPU.
+    from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as fork
+
+    return fork.attention_class_for(capability)
 
 
 def bind_attention_selection() -> None:

@@ -306,3 +306,11 @@ class DeepseekV4FlashInferSM120Attention(
 
     backend_cls: ClassVar = DeepseekV4FlashInferMLASparseBackend
     swa_backend_cls: ClassVar = DeepseekSparseSWAFlashInferSM120Backend
+
+
+def attention_class_for(capability: DeviceCapability) -> type[_NegotiatedPages]:
+    """The fork class that runs FLASHINFER_MLA_SPARSE_DSV41 on ``capability``:
+    TRTLLM-gen's on SM10x, the two-segment class everywhere else."""
+    if policy.is_sm100(capability):
+        return DeepseekV4FlashInferMLAAttention
+    return DeepseekV4FlashInferSM120Attention
