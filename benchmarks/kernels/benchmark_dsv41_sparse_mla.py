@@ -149,11 +149,11 @@ def run_torch(x):
 
 def default_config(tokens: int, heads: int) -> str:
     """The launch configuration the kernel picks by itself, for the table."""
-    block_h, num_warps, dv_splits = _default_tile(tokens, heads)
-    chunks = -(-SWA_CAP // 32) - (-CMP_CAP // 32)
-    base = tokens * -(-heads // block_h) * dv_splits
+    block_h, num_warps, block_n = _default_tile(heads, packed=True)
+    chunks = -(-SWA_CAP // block_n) - (-CMP_CAP // block_n)
+    base = tokens * -(-heads // block_h)
     splits = _default_splits(base, chunks, torch.device("cuda"))
-    return f"bh{block_h} w{num_warps} dv/{dv_splits} bn32 s{splits}"
+    return f"bh{block_h} w{num_warps} bn{block_n} s{splits}"
 
 
 def cost(tokens: int, heads: int) -> tuple[float, float]:
@@ -227,14 +227,12 @@ def point(
 
 
 def _sweep_configs(tokens: int, heads: int) -> list[dict]:
-    # (block_h, num_warps, dv_splits, block_n) tiles that compile without
-    # (or with few) register spills for these head counts.
+    # (block_h, num_warps, block_n) tiles that compile for sm_90 with no or
+    # few register spills.
     if heads <= 16:
-        tiles = [(16, 8, 1, 32), (16, 8, 1, 16), (16, 4, 1, 32)]
-    elif heads <= 64:
-        tiles = [(64, 8, 1, 16), (64, 8, 2, 16), (64, 4, 2, 16), (128, 8, 2, 16)]
+        tiles = [(16, 4, 32), (16, 4, 16)]
     else:
-        tiles = [(128, 8, 2, 16), (128, 8, 2, 32), (64, 8, 1, 16), (64, 8, 1, 32)]
+        tiles = [(64, 8, 32), (64, 8, 16), (32, 8, 32)]
     if tokens >= 128:
         splits = (1,)
     elif tokens >= 32:
@@ -242,8 +240,8 @@ def _sweep_configs(tokens: int, heads: int) -> list[dict]:
     else:
         splits = (8, 20)
     return [
-        dict(block_h=bh, num_warps=nw, dv_splits=dvs, block_n=bn, num_splits=sp)
-        for bh, nw, dvs, bn in tiles
+        dict(block_h=bh, num_warps=nw, block_n=bn, num_splits=sp)
+        for bh, nw, bn in tiles
         for sp in splits
     ]
 
@@ -311,28 +309,11 @@ TUNED_POINTS = (
 )
 
 
-def _compare_early(result: dict) -> None:
-    result["early_compare"] = []
-    for tokens, heads in TUNED_POINTS:
-        a = point(tokens, heads, "compare", False, rep_ms=60)
-        b = point(tokens, heads, "compare", False, rep_ms=60, early_loads=True)
-        result["early_compare"].append((tokens, heads, a["time_us"], b["time_us"]))
-        print(
-            f"early_loads T={tokens} H={heads}: {a['time_us']:.1f} -> "
-            f"{b['time_us']:.1f} us (err {b['rel_err_vs_torch']:.1e})"
-        )
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--sweep", action="store_true", help="try launch configs")
     ap.add_argument("--sweep-only", action="store_true", help="only the sweep")
-    ap.add_argument(
-        "--compare-early",
-        action="store_true",
-        help="also time the early_loads variant against the default",
-    )
     ap.add_argument("--prefill-tokens", type=int, default=4096)
     ap.add_argument("--prefill-heads", type=int, default=128)
     args = ap.parse_args()
@@ -370,11 +351,6 @@ def main() -> None:
             )
     rows.append(point(args.prefill_tokens, args.prefill_heads, "prefill", True))
     result["rows"] = rows
-    if args.compare_early:
-        try:
-            _compare_early(result)
-        except Exception as e:  # keep the main results
-            print(f"early_loads comparison failed: {e!r}")
     tag = meta["gpu"].replace(" ", "_").lower()
     base = os.path.join(args.out_dir, f"dsv41_sparse_mla_{tag}")
     with open(base + ".json", "w") as f:

@@ -41,171 +41,279 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _load_kv_cols(
+def _gather_rows(
     pool_ptr,
-    page,
-    in_page,
-    valid,
-    col0,
+    slots,
     page_size,
     page_stride,
     token_stride,
-    NCOLS: tl.constexpr,
     IS_FP8: tl.constexpr,
-    BLOCK_N: tl.constexpr,
 ):
-    """Gather columns [col0, col0 + NCOLS) of ``BLOCK_N`` latent rows as a
-    BF16 tile (col0 and NCOLS multiples of 64).
+    """Issue the loads of ``BLOCK_N`` latent rows, as eight raw 64-column
+    pieces plus (FP8 records) each row's eight scale bytes as one int64.
 
-    Invalid rows come back as zeros, so that garbage (possibly NaN) bytes of
-    unused slots can never reach the P @ V product.
+    Nothing here waits for the data: the caller consumes the pieces one loop
+    iteration later, so the gather overlaps the previous chunk's math. Rows
+    of dead slots (-1) are masked to zeros, so bytes of unused slots (NaN
+    included) never reach P @ V.
     """
-    d = col0 + tl.arange(0, NCOLS)
+    valid = slots >= 0
+    page = (slots // page_size).to(tl.int64)
+    in_page = (slots % page_size).to(tl.int64)
+    page_base = pool_ptr + page * page_stride
+    c = tl.arange(0, 64)[None, :]
+    m = valid[:, None]
     if IS_FP8:
-        page_base = pool_ptr + page * page_stride
-        rec = page_base + in_page * 576
-        nope_mask = valid[:, None] & (d < 448)[None, :]
-        raw = tl.load(rec[:, None] + d[None, :], mask=nope_mask, other=0)
-        nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-        # The scale bytes sit in the page footer. Byte 7 is padding: reading
-        # exponent 127 (a factor of one) there instead lets the RoPE block go
-        # through the same reshape as the FP8 blocks.
-        j = col0 // 64 + tl.arange(0, NCOLS // 64)
-        sc_ptr = page_base + page_size * 576 + in_page * 8
-        sc = tl.load(
-            sc_ptr[:, None] + j[None, :],
-            mask=valid[:, None] & (j < 7)[None, :],
-            other=127,
+        rec = (page_base + in_page * 576)[:, None]
+        r0 = tl.load(rec + c, mask=m, other=0)
+        r1 = tl.load(rec + (64 + c), mask=m, other=0)
+        r2 = tl.load(rec + (128 + c), mask=m, other=0)
+        r3 = tl.load(rec + (192 + c), mask=m, other=0)
+        r4 = tl.load(rec + (256 + c), mask=m, other=0)
+        r5 = tl.load(rec + (320 + c), mask=m, other=0)
+        r6 = tl.load(rec + (384 + c), mask=m, other=0)
+        r7 = tl.load((rec + 448).to(tl.pointer_type(tl.bfloat16)) + c, mask=m, other=0)
+        # The 8 scale bytes of a row are 8-byte aligned (the launcher checks
+        # the page stride): one 64-bit load instead of seven byte loads.
+        sc_ptr = (page_base + page_size * 576 + in_page * 8).to(
+            tl.pointer_type(tl.int64)
         )
-        # UE8M0 byte e encodes 2 ** (e - 127): exactly the float32 whose
-        # exponent field is e, which avoids an exp2. A power of two keeps the
-        # BF16 product exact, so no float32 copy of the tile is needed.
-        scale = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-        deq = tl.reshape(
-            tl.reshape(nope, (BLOCK_N, NCOLS // 64, 64))
-            * scale.to(tl.bfloat16)[:, :, None],
-            (BLOCK_N, NCOLS),
-        )
-        rope_ptr = (rec + 448).to(tl.pointer_type(tl.bfloat16))
-        rope_mask = valid[:, None] & (d >= 448)[None, :]
-        rope = tl.load(rope_ptr[:, None] + (d - 448)[None, :], mask=rope_mask, other=0)
-        kv = tl.where((d < 448)[None, :], deq, rope)
+        sc = tl.load(sc_ptr, mask=valid, other=0)
     else:
-        row = pool_ptr + page * page_stride + in_page * token_stride
-        kv = tl.load(row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-    return kv
+        row = (page_base + in_page * token_stride)[:, None]
+        r0 = tl.load(row + c, mask=m, other=0.0)
+        r1 = tl.load(row + (64 + c), mask=m, other=0.0)
+        r2 = tl.load(row + (128 + c), mask=m, other=0.0)
+        r3 = tl.load(row + (192 + c), mask=m, other=0.0)
+        r4 = tl.load(row + (256 + c), mask=m, other=0.0)
+        r5 = tl.load(row + (320 + c), mask=m, other=0.0)
+        r6 = tl.load(row + (384 + c), mask=m, other=0.0)
+        r7 = tl.load(row + (448 + c), mask=m, other=0.0)
+        sc = slots.to(tl.int64)  # unused
+    return r0, r1, r2, r3, r4, r5, r6, r7, sc
 
 
 @triton.jit
-def _attend_segment(
+def _dequant(raw, sc, j: tl.constexpr, IS_FP8: tl.constexpr):
+    """Piece ``j`` (columns 64j..64j+63) of a gathered tile as BF16."""
+    out = raw
+    if IS_FP8 and j < 7:
+        # UE8M0 byte e encodes 2 ** (e - 127): exactly the float32 whose
+        # exponent field is e. A power of two keeps the BF16 product exact.
+        e = ((sc >> (8 * j)) & 0xFF).to(tl.int32)
+        scale = (e << 23).to(tl.float32, bitcast=True).to(tl.bfloat16)
+        out = raw.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16) * scale[:, None]
+    return out
+
+
+@triton.jit
+def _cat(a, b):
+    """[R, W] ++ [R, W] -> [R, 2W] along columns. join/permute/reshape lower
+    to a register renaming (no shared-memory round trip)."""
+    R: tl.constexpr = a.shape[0]
+    W: tl.constexpr = a.shape[1]
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (R, 2 * W))
+
+
+@triton.jit
+def _kv_tile(r0, r1, r2, r3, r4, r5, r6, r7, sc, IS_FP8: tl.constexpr):
+    """The [BLOCK_N, 512] BF16 K/V tile of one chunk from its raw pieces."""
+    return _cat(
+        _cat(
+            _cat(_dequant(r0, sc, 0, IS_FP8), _dequant(r1, sc, 1, IS_FP8)),
+            _cat(_dequant(r2, sc, 2, IS_FP8), _dequant(r3, sc, 3, IS_FP8)),
+        ),
+        _cat(
+            _cat(_dequant(r4, sc, 4, IS_FP8), _dequant(r5, sc, 5, IS_FP8)),
+            _cat(_dequant(r6, sc, 6, IS_FP8), _dequant(r7, sc, 7, IS_FP8)),
+        ),
+    )
+
+
+@triton.jit
+def _chunk_slots(
+    i,
+    n_a,
+    n_total,
+    a_idx_ptr,
+    a_idx_stride,
+    a_len,
+    a_chunk0,
+    b_idx_ptr,
+    b_idx_stride,
+    b_len,
+    b_chunk0,
+    BLOCK_N: tl.constexpr,
+):
+    """Slot ids of the ``i``-th chunk this program walks: chunks [0, n_a)
+    come from segment A starting at its chunk ``a_chunk0``, the rest from
+    segment B starting at ``b_chunk0``. Past ``n_total`` (a prefetch beyond
+    the end) every entry is -1. Entries past a row's length read as -1."""
+    in_a = i < n_a
+    chunk = tl.where(in_a, a_chunk0 + i, b_chunk0 + i - n_a)
+    idx_ptr = tl.where(in_a, a_idx_ptr, b_idx_ptr)
+    stride = tl.where(in_a, a_idx_stride, b_idx_stride)
+    lim = tl.where(i < n_total, tl.where(in_a, a_len, b_len), 0)
+    pos = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    return tl.load(idx_ptr + pos * stride, mask=pos < lim, other=-1)
+
+
+@triton.jit
+def _chunk_rows(
+    i,
+    n_a,
+    slots,
+    a_pool_ptr,
+    a_page_size,
+    a_page_stride,
+    a_token_stride,
+    b_pool_ptr,
+    b_page_size,
+    b_page_stride,
+    b_token_stride,
+    IS_FP8: tl.constexpr,
+):
+    in_a = i < n_a
+    return _gather_rows(
+        tl.where(in_a, a_pool_ptr, b_pool_ptr),
+        slots,
+        tl.where(in_a, a_page_size, b_page_size),
+        tl.where(in_a, a_page_stride, b_page_stride),
+        tl.where(in_a, a_token_stride, b_token_stride),
+        IS_FP8,
+    )
+
+
+@triton.jit
+def _attend_chunks(
     acc,
     m_i,
     l_i,
     q,
-    dv0,
-    idx_ptr,
-    idx_stride,
-    seg_len,
-    chunk_lo,
-    chunk_hi,
-    pool_ptr,
-    page_size,
-    page_stride,
-    token_stride,
+    n_a,
+    n_total,
+    a_idx_ptr,
+    a_idx_stride,
+    a_len,
+    a_chunk0,
+    a_pool_ptr,
+    a_page_size,
+    a_page_stride,
+    a_token_stride,
+    b_idx_ptr,
+    b_idx_stride,
+    b_len,
+    b_chunk0,
+    b_pool_ptr,
+    b_page_size,
+    b_page_stride,
+    b_token_stride,
     qk_scale,
     IS_FP8: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    DV: tl.constexpr,
-    EARLY_LOADS: tl.constexpr,
 ):
-    """Online-softmax accumulation over chunks [chunk_lo, chunk_hi) of one
-    segment, for output dims [dv0, dv0 + DV). Scores are kept in the base-2
-    domain (qk_scale includes log2 e).
+    """Online-softmax accumulation over ``n_total`` chunks of candidates: the
+    first ``n_a`` from segment A, the rest from segment B (same record
+    format). Scores are kept in the base-2 domain (qk_scale has log2 e).
 
-    EARLY_LOADS reads the next chunk's slot ids one chunk ahead and issues
-    the value-column gather before the Q.K product, to take dependent memory
-    round trips off each chunk's critical path (costs a few registers).
+    One loop walks both segments, so the prefetch below runs across the
+    segment boundary and there is one loop body for ptxas to allocate.
+    The K/V tile of a chunk is handled as eight 64-column pieces (seven FP8
+    blocks, each with one scale per row, and the BF16 RoPE block) and so is
+    the output accumulator: no [BLOCK_N, 512] tile ever sits in registers,
+    which is what leaves room for the 512-wide accumulator.
+    Software pipelining by hand: chunk i+1's rows are gathered while chunk i
+    is multiplied, and chunk i+2's slot ids are read one step before that.
     """
-    offs = tl.arange(0, BLOCK_N)
-    if EARLY_LOADS:
-        first = chunk_lo * BLOCK_N + offs
-        slots_next = tl.load(
-            idx_ptr + first * idx_stride,
-            mask=(first < seg_len) & (first < chunk_hi * BLOCK_N),
-            other=-1,
-        )
-    for c in range(chunk_lo, chunk_hi):
-        pos = c * BLOCK_N + offs
-        if EARLY_LOADS:
-            slots = slots_next
-            nxt = pos + BLOCK_N
-            slots_next = tl.load(
-                idx_ptr + nxt * idx_stride,
-                mask=(nxt < seg_len) & (nxt < chunk_hi * BLOCK_N),
-                other=-1,
-            )
-        else:
-            slots = tl.load(idx_ptr + pos * idx_stride, mask=pos < seg_len, other=-1)
-        # Entries past the length were loaded as -1, so this is the full mask.
+    slots = _chunk_slots(
+        0,
+        n_a,
+        n_total,
+        a_idx_ptr,
+        a_idx_stride,
+        a_len,
+        a_chunk0,
+        b_idx_ptr,
+        b_idx_stride,
+        b_len,
+        b_chunk0,
+        BLOCK_N,
+    )
+    r0, r1, r2, r3, r4, r5, r6, r7, sc = _chunk_rows(
+        0,
+        n_a,
+        slots,
+        a_pool_ptr,
+        a_page_size,
+        a_page_stride,
+        a_token_stride,
+        b_pool_ptr,
+        b_page_size,
+        b_page_stride,
+        b_token_stride,
+        IS_FP8,
+    )
+    slots_next = _chunk_slots(
+        1,
+        n_a,
+        n_total,
+        a_idx_ptr,
+        a_idx_stride,
+        a_len,
+        a_chunk0,
+        b_idx_ptr,
+        b_idx_stride,
+        b_len,
+        b_chunk0,
+        BLOCK_N,
+    )
+    for i in range(0, n_total):
         valid = slots >= 0
-        page = (slots // page_size).to(tl.int64)
-        in_page = (slots % page_size).to(tl.int64)
-        k = _load_kv_cols(
-            pool_ptr,
-            page,
-            in_page,
-            valid,
-            0,
-            page_size,
-            page_stride,
-            token_stride,
-            512,
+        kv = _kv_tile(r0, r1, r2, r3, r4, r5, r6, r7, sc, IS_FP8)
+        s = tl.dot(q, tl.trans(kv))
+
+        slots = slots_next
+        r0, r1, r2, r3, r4, r5, r6, r7, sc = _chunk_rows(
+            i + 1,
+            n_a,
+            slots,
+            a_pool_ptr,
+            a_page_size,
+            a_page_stride,
+            a_token_stride,
+            b_pool_ptr,
+            b_page_size,
+            b_page_stride,
+            b_token_stride,
             IS_FP8,
+        )
+        slots_next = _chunk_slots(
+            i + 2,
+            n_a,
+            n_total,
+            a_idx_ptr,
+            a_idx_stride,
+            a_len,
+            a_chunk0,
+            b_idx_ptr,
+            b_idx_stride,
+            b_len,
+            b_chunk0,
             BLOCK_N,
         )
-        if DV < 512 and EARLY_LOADS:
-            v = _load_kv_cols(
-                pool_ptr,
-                page,
-                in_page,
-                valid,
-                dv0,
-                page_size,
-                page_stride,
-                token_stride,
-                DV,
-                IS_FP8,
-                BLOCK_N,
-            )
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
+
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row whose candidates so far are all masked keeps m = -inf; shift
         # by 0 instead so exp2 sees -inf - 0 rather than -inf - -inf = NaN.
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_shift)
+        alpha_row = tl.exp2(m_i - m_shift)
+        alpha = alpha_row[:, None]
         p = tl.exp2(s - m_shift[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DV == 512:
-            v = k
-        elif not EARLY_LOADS:
-            # This program owns only DV output dims: re-gather those columns
-            # (an L1/L2 hit) rather than keep a slice Triton cannot take.
-            v = _load_kv_cols(
-                pool_ptr,
-                page,
-                in_page,
-                valid,
-                dv0,
-                page_size,
-                page_stride,
-                token_stride,
-                DV,
-                IS_FP8,
-                BLOCK_N,
-            )
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
+        l_i = l_i * alpha_row + tl.sum(p, 1)
         m_i = m_new
+        p = p.to(tl.bfloat16)
+        acc = tl.dot(p, kv, acc * alpha)
     return acc, m_i, l_i
 
 
@@ -251,30 +359,23 @@ def _sparse_mla_fwd_kernel(
     SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    DV_SPLITS: tl.constexpr,
-    EARLY_LOADS: tl.constexpr,
 ):
-    DV: tl.constexpr = 512 // DV_SPLITS
-    # The programs of one token (head blocks x output-dim parts) are adjacent
-    # in launch order, so they run together and share its rows through L2.
-    per_token = tl.cdiv(num_heads, BLOCK_H) * DV_SPLITS
+    # The head blocks of one token are adjacent in launch order, so they run
+    # together and share its rows through L2.
+    per_token = tl.cdiv(num_heads, BLOCK_H)
     pid = tl.program_id(0)
     t = (pid // per_token).to(tl.int64)
-    pid_h = (pid % per_token) // DV_SPLITS
-    dv0 = (pid % DV_SPLITS) * DV
+    heads = (pid % per_token) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < num_heads
     split = tl.program_id(1)
 
     d = tl.arange(0, 512)
-    dv = dv0 + tl.arange(0, DV)
-    heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    hmask = heads < num_heads
     q = tl.load(
         q_ptr + t * q_stride_t + heads[:, None] * q_stride_h + d[None, :],
         mask=hmask[:, None],
         other=0.0,
     )
-
-    acc = tl.zeros((BLOCK_H, DV), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
     m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
 
@@ -285,50 +386,101 @@ def _sparse_mla_fwd_kernel(
     hi = lo + chunks_per_split
     swa_chunks = tl.cdiv(swa_cap, BLOCK_N)
     swa_len = tl.minimum(tl.load(swa_lens_ptr + t), swa_cap)
-    acc, m_i, l_i = _attend_segment(
-        acc,
-        m_i,
-        l_i,
-        q,
-        dv0,
-        swa_idx_ptr + t * swa_idx_stride_t,
-        swa_idx_stride_k,
-        swa_len,
-        tl.minimum(lo, swa_chunks),
-        tl.minimum(hi, tl.cdiv(swa_len, BLOCK_N)),
-        swa_pool_ptr,
-        swa_page_size,
-        swa_page_stride,
-        swa_token_stride,
-        qk_scale,
-        SWA_FP8,
-        BLOCK_N,
-        DV,
-        EARLY_LOADS,
-    )
+    swa_lo = tl.minimum(lo, swa_chunks)
+    n_swa = tl.maximum(tl.minimum(hi, tl.cdiv(swa_len, BLOCK_N)) - swa_lo, 0)
+    swa_idx = swa_idx_ptr + t * swa_idx_stride_t
     if HAS_CMP:
         cmp_len = tl.minimum(tl.load(cmp_lens_ptr + t), cmp_cap)
-        acc, m_i, l_i = _attend_segment(
+        cmp_lo = tl.maximum(lo - swa_chunks, 0)
+        n_cmp = tl.maximum(
+            tl.minimum(hi - swa_chunks, tl.cdiv(cmp_len, BLOCK_N)) - cmp_lo, 0
+        )
+        cmp_idx = cmp_idx_ptr + t * cmp_idx_stride_t
+    if HAS_CMP and SWA_FP8 == CMP_FP8:
+        acc, m_i, l_i = _attend_chunks(
             acc,
             m_i,
             l_i,
             q,
-            dv0,
-            cmp_idx_ptr + t * cmp_idx_stride_t,
+            n_swa,
+            n_swa + n_cmp,
+            swa_idx,
+            swa_idx_stride_k,
+            swa_len,
+            swa_lo,
+            swa_pool_ptr,
+            swa_page_size,
+            swa_page_stride,
+            swa_token_stride,
+            cmp_idx,
             cmp_idx_stride_k,
             cmp_len,
-            tl.maximum(lo - swa_chunks, 0),
-            tl.minimum(hi - swa_chunks, tl.cdiv(cmp_len, BLOCK_N)),
+            cmp_lo,
             cmp_pool_ptr,
             cmp_page_size,
             cmp_page_stride,
             cmp_token_stride,
             qk_scale,
-            CMP_FP8,
+            SWA_FP8,
             BLOCK_N,
-            DV,
-            EARLY_LOADS,
         )
+    else:
+        # SWA alone, or pools of two record formats: one walk per segment.
+        acc, m_i, l_i = _attend_chunks(
+            acc,
+            m_i,
+            l_i,
+            q,
+            n_swa,
+            n_swa,
+            swa_idx,
+            swa_idx_stride_k,
+            swa_len,
+            swa_lo,
+            swa_pool_ptr,
+            swa_page_size,
+            swa_page_stride,
+            swa_token_stride,
+            swa_idx,
+            swa_idx_stride_k,
+            swa_len,
+            swa_lo,
+            swa_pool_ptr,
+            swa_page_size,
+            swa_page_stride,
+            swa_token_stride,
+            qk_scale,
+            SWA_FP8,
+            BLOCK_N,
+        )
+        if HAS_CMP:
+            acc, m_i, l_i = _attend_chunks(
+                acc,
+                m_i,
+                l_i,
+                q,
+                0,
+                n_cmp,
+                cmp_idx,
+                cmp_idx_stride_k,
+                cmp_len,
+                cmp_lo,
+                cmp_pool_ptr,
+                cmp_page_size,
+                cmp_page_stride,
+                cmp_token_stride,
+                cmp_idx,
+                cmp_idx_stride_k,
+                cmp_len,
+                cmp_lo,
+                cmp_pool_ptr,
+                cmp_page_size,
+                cmp_page_stride,
+                cmp_token_stride,
+                qk_scale,
+                CMP_FP8,
+                BLOCK_N,
+            )
 
     if SPLIT:
         # Partial results are normalised per split so the combine kernel only
@@ -337,12 +489,10 @@ def _sparse_mla_fwd_kernel(
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_i), float("-inf"))
         row = (t * num_heads + heads) * num_splits + split
         tl.store(
-            part_out_ptr + row[:, None] * 512 + dv[None, :],
+            part_out_ptr + row[:, None] * 512 + d[None, :],
             acc * inv_l[:, None],
             mask=hmask[:, None],
         )
-        # Every output-dim part computed the same statistics, so their
-        # writes of lse agree.
         tl.store(part_lse_ptr + row, lse, mask=hmask)
     else:
         denom = l_i
@@ -354,7 +504,7 @@ def _sparse_mla_fwd_kernel(
             denom += tl.exp2(sink * 1.4426950408889634 - m_shift)
         inv = tl.where(denom > 0.0, 1.0 / denom, 0.0)
         tl.store(
-            out_ptr + t * out_stride_t + heads[:, None] * out_stride_h + dv[None, :],
+            out_ptr + t * out_stride_t + heads[:, None] * out_stride_h + d[None, :],
             (acc * inv[:, None]).to(tl.bfloat16),
             mask=hmask[:, None],
         )
@@ -457,6 +607,13 @@ def _pool_geometry(
                 f"{name} page stride {pool.stride(0)} B is smaller than "
                 f"page_size * {_RECORD_BYTES} B"
             )
+        if pool.stride(0) % 8 or pool.data_ptr() % 8:
+            # Each row's scale bytes are read as one aligned 64-bit word.
+            raise ValueError(
+                f"packed {name} must start on an 8-byte boundary and have a "
+                f"page stride that is a multiple of 8 B, got stride "
+                f"{pool.stride(0)} B"
+            )
         return pool, True, page_size, pool.stride(0), _VALUE_BYTES
     if pool.dtype != torch.bfloat16 or pool.shape[-1] != _HEAD_DIM:
         raise ValueError(
@@ -480,23 +637,21 @@ def _indices_2d(indices: torch.Tensor, num_tokens: int, name: str) -> torch.Tens
     return indices
 
 
-def _default_tile(num_tokens: int, num_heads: int) -> tuple[int, int, int]:
-    """(block_h, num_warps, dv_splits), chosen from a sweep on an H200.
+def _default_tile(num_heads: int, packed: bool) -> tuple[int, int, int]:
+    """(block_h, num_warps, block_n): tiles that compile for sm_90 with no or
+    few register spills.
 
-    The [block_h, 512 / dv_splits] float32 accumulator is what bounds the tile
-    (it must fit in registers beside the gathered rows): 128 heads go as one
-    M=128 block whose two warpgroups each own half of the output dims; up to
-    64 heads as one M=64 block. With very few tokens, cutting the output dims
-    further gives more programs to hide the gather latency.
+    The [block_h, 512] float32 accumulator bounds the tile: 64 heads take 128
+    registers per thread with 8 warps, so larger head counts run as several
+    64-head blocks per token (their rows are shared through L2). The next
+    chunk's raw rows wait in registers too, and BF16 rows take twice the
+    registers of packed FP8 ones, hence the smaller chunk for them.
     """
     if num_heads <= 16:
-        return 16, 4, 1
+        return 16, 4, 32
     if num_heads <= 32:
-        return 32, 4, 1
-    if num_heads <= 64:
-        return 64, 8, 1
-    blocks = triton.cdiv(num_heads, 128)
-    return 128, 8, (4 if num_tokens * blocks <= 4 else 2)
+        return 32, 8, 32
+    return 64, 8, 32 if packed else 16
 
 
 def _default_splits(base_programs: int, num_chunks: int, device: torch.device) -> int:
@@ -519,13 +674,11 @@ def _launch(
     extra_sparse_topk_lens: torch.Tensor | None,
     kv_layout: str,
     *,
-    block_n: int = 32,
+    block_n: int | None = None,
     block_h: int | None = None,
     num_splits: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 1,
-    dv_splits: int | None = None,
-    early_loads: bool = False,
 ) -> torch.Tensor:
     if query.ndim != 3 or query.shape[-1] != _HEAD_DIM:
         raise ValueError(f"query must be [tokens, heads, 512], got {query.shape}")
@@ -570,14 +723,14 @@ def _launch(
         cmp_pool, cmp_fp8, cmp_ps, cmp_pstride, cmp_tstride = swa_pool, False, 1, 0, 0
         cmp_idx, cmp_lens, cmp_cap = swa_idx, swa_topk_lens, 0
 
-    default_bh, default_warps, default_dv = _default_tile(num_tokens, num_heads)
+    default_bh, default_warps, default_bn = _default_tile(
+        num_heads, swa_fp8 and (cmp_fp8 or not has_cmp)
+    )
     block_h = block_h or default_bh
     num_warps = num_warps or default_warps
-    dv_splits = dv_splits or default_dv
-    if dv_splits not in (1, 2, 4):
-        raise ValueError(f"dv_splits must be 1, 2 or 4, got {dv_splits}")
+    block_n = block_n or default_bn
     num_chunks = max(triton.cdiv(swa_cap, block_n) + triton.cdiv(cmp_cap, block_n), 1)
-    base = num_tokens * triton.cdiv(num_heads, block_h) * dv_splits
+    base = num_tokens * triton.cdiv(num_heads, block_h)
     num_splits = num_splits or _default_splits(base, num_chunks, query.device)
     num_splits = max(1, min(num_splits, num_chunks))
     chunks_per_split = triton.cdiv(num_chunks, num_splits)
@@ -601,7 +754,7 @@ def _launch(
     has_sinks = sinks is not None
     sinks_arg = sinks if has_sinks else query
 
-    grid = (num_tokens * triton.cdiv(num_heads, block_h) * dv_splits, num_splits)
+    grid = (base, num_splits)
     _sparse_mla_fwd_kernel[grid](
         query,
         query.stride(0),
@@ -641,8 +794,6 @@ def _launch(
         SPLIT=split,
         BLOCK_H=block_h,
         BLOCK_N=block_n,
-        DV_SPLITS=dv_splits,
-        EARLY_LOADS=early_loads,
         num_warps=num_warps,
         num_stages=num_stages,
     )
