@@ -149,11 +149,11 @@ def run_torch(x):
 
 def default_config(tokens: int, heads: int) -> str:
     """The launch configuration the kernel picks by itself, for the table."""
-    block_h, num_warps, block_n = _default_tile(heads, packed=True)
+    block_h, num_warps, block_n, dv_splits = _default_tile(tokens, heads, True)
     chunks = -(-SWA_CAP // block_n) - (-CMP_CAP // block_n)
-    base = tokens * -(-heads // block_h)
+    base = tokens * -(-heads // block_h) * dv_splits
     splits = _default_splits(base, chunks, torch.device("cuda"))
-    return f"bh{block_h} w{num_warps} bn{block_n} s{splits}"
+    return f"bh{block_h} w{num_warps} bn{block_n} dv/{dv_splits} s{splits}"
 
 
 def cost(tokens: int, heads: int) -> tuple[float, float]:
@@ -227,12 +227,14 @@ def point(
 
 
 def _sweep_configs(tokens: int, heads: int) -> list[dict]:
-    # (block_h, num_warps, block_n) tiles that compile for sm_90 with no or
-    # few register spills.
+    # (block_h, num_warps, block_n, dv_splits) tiles that compile for sm_90
+    # with no or few register spills.
     if heads <= 16:
-        tiles = [(16, 4, 32), (16, 4, 16)]
+        tiles = [(16, 4, 32, 1), (16, 4, 16, 1)]
+    elif heads <= 64:
+        tiles = [(64, 8, 32, 1), (64, 8, 16, 1), (32, 8, 32, 1)]
     else:
-        tiles = [(64, 8, 32), (64, 8, 16), (32, 8, 32)]
+        tiles = [(128, 8, 32, 2), (64, 8, 32, 1), (128, 8, 16, 2)]
     if tokens >= 128:
         splits = (1,)
     elif tokens >= 32:
@@ -240,8 +242,8 @@ def _sweep_configs(tokens: int, heads: int) -> list[dict]:
     else:
         splits = (8, 20)
     return [
-        dict(block_h=bh, num_warps=nw, block_n=bn, num_splits=sp)
-        for bh, nw, bn in tiles
+        dict(block_h=bh, num_warps=nw, block_n=bn, dv_splits=dvs, num_splits=sp)
+        for bh, nw, bn, dvs in tiles
         for sp in splits
     ]
 

@@ -289,14 +289,17 @@ def test_matches_reference(heads: int, record: str, both: bool, num_tokens: int)
         assert rel_err(out, shared.to(_device()).double()) < RTOL
 
 
-# (block_h, num_warps, block_n): every tile the launcher may pick, and the
-# smaller candidate chunk.
+# (block_h, num_warps, block_n, dv_splits): every tile the launcher may
+# pick, the smaller candidate chunk, and the output dims split over programs.
 TILES = [
-    (64, 8, 32),
-    (64, 8, 16),
-    (32, 8, 32),
-    (16, 4, 32),
-    (16, 4, 16),
+    (64, 8, 32, 1),
+    (64, 8, 16, 1),
+    (128, 8, 32, 2),
+    (128, 8, 16, 2),
+    (64, 4, 16, 2),
+    (32, 8, 32, 1),
+    (16, 4, 32, 1),
+    (16, 4, 16, 1),
 ]
 
 
@@ -308,7 +311,7 @@ def test_launch_configs_agree(num_splits: int, heads: int, tile):
     same answer, including head blocks that are partly past the last head and
     splits that straddle the segment boundary or hold no live candidate for
     some rows."""
-    block_h, num_warps, block_n = tile
+    block_h, num_warps, block_n, dv_splits = tile
     q, segments, sinks = make_case(4, heads, "fp8", True, True, seed=7)
     ref = reference(q, segments, SM_SCALE, sinks)
     out = run_kernel(
@@ -320,6 +323,7 @@ def test_launch_configs_agree(num_splits: int, heads: int, tile):
         block_n=block_n,
         block_h=block_h,
         num_warps=num_warps,
+        dv_splits=dv_splits,
     )
     assert not torch.isnan(out).any()
     assert rel_err(out, ref) < RTOL
@@ -385,9 +389,10 @@ def test_padded_pools_and_layouts(layout: str, record: str):
     assert rel_err(out, reference(q, segments, SM_SCALE, sinks)) < RTOL
 
 
-def test_mixed_pool_formats():
+@pytest.mark.parametrize("tokens,heads", [(10, 64), (40, 128)])
+def test_mixed_pool_formats(tokens: int, heads: int):
     q, segments, sinks = make_case(
-        10, 64, "bf16", True, True, seed=23, cmp_record="fp8"
+        tokens, heads, "bf16", True, True, seed=23, cmp_record="fp8"
     )
     out = run_kernel(q, segments, sinks, SM_SCALE)
     assert rel_err(out, reference(q, segments, SM_SCALE, sinks)) < RTOL

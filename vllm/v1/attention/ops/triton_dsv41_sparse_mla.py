@@ -116,18 +116,36 @@ def _cat(a, b):
 
 
 @triton.jit
-def _kv_tile(r0, r1, r2, r3, r4, r5, r6, r7, sc, IS_FP8: tl.constexpr):
-    """The [BLOCK_N, 512] BF16 K/V tile of one chunk from its raw pieces."""
-    return _cat(
-        _cat(
-            _cat(_dequant(r0, sc, 0, IS_FP8), _dequant(r1, sc, 1, IS_FP8)),
-            _cat(_dequant(r2, sc, 2, IS_FP8), _dequant(r3, sc, 3, IS_FP8)),
-        ),
-        _cat(
-            _cat(_dequant(r4, sc, 4, IS_FP8), _dequant(r5, sc, 5, IS_FP8)),
-            _cat(_dequant(r6, sc, 6, IS_FP8), _dequant(r7, sc, 7, IS_FP8)),
-        ),
+def _kv_tiles(
+    r0,
+    r1,
+    r2,
+    r3,
+    r4,
+    r5,
+    r6,
+    r7,
+    sc,
+    dv_part,
+    IS_FP8: tl.constexpr,
+    DV_SPLITS: tl.constexpr,
+):
+    """The [BLOCK_N, 512] BF16 K tile of one chunk from its raw pieces, and
+    the V tile: the same rows, restricted to this program's output dims
+    (half of them, picked by ``dv_part``, when DV_SPLITS is 2)."""
+    lo = _cat(
+        _cat(_dequant(r0, sc, 0, IS_FP8), _dequant(r1, sc, 1, IS_FP8)),
+        _cat(_dequant(r2, sc, 2, IS_FP8), _dequant(r3, sc, 3, IS_FP8)),
     )
+    hi = _cat(
+        _cat(_dequant(r4, sc, 4, IS_FP8), _dequant(r5, sc, 5, IS_FP8)),
+        _cat(_dequant(r6, sc, 6, IS_FP8), _dequant(r7, sc, 7, IS_FP8)),
+    )
+    k = _cat(lo, hi)
+    v = k
+    if DV_SPLITS == 2:
+        v = tl.where(dv_part == 0, lo, hi)
+    return k, v
 
 
 @triton.jit
@@ -190,6 +208,7 @@ def _attend_chunks(
     m_i,
     l_i,
     q,
+    dv_part,
     n_a,
     n_total,
     a_idx_ptr,
@@ -211,6 +230,7 @@ def _attend_chunks(
     qk_scale,
     IS_FP8: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DV_SPLITS: tl.constexpr,
 ):
     """Online-softmax accumulation over ``n_total`` chunks of candidates: the
     first ``n_a`` from segment A, the rest from segment B (same record
@@ -269,8 +289,8 @@ def _attend_chunks(
     )
     for i in range(0, n_total):
         valid = slots >= 0
-        kv = _kv_tile(r0, r1, r2, r3, r4, r5, r6, r7, sc, IS_FP8)
-        s = tl.dot(q, tl.trans(kv))
+        k, v = _kv_tiles(r0, r1, r2, r3, r4, r5, r6, r7, sc, dv_part, IS_FP8, DV_SPLITS)
+        s = tl.dot(q, tl.trans(k))
 
         slots = slots_next
         r0, r1, r2, r3, r4, r5, r6, r7, sc = _chunk_rows(
@@ -313,7 +333,7 @@ def _attend_chunks(
         l_i = l_i * alpha_row + tl.sum(p, 1)
         m_i = m_new
         p = p.to(tl.bfloat16)
-        acc = tl.dot(p, kv, acc * alpha)
+        acc = tl.dot(p, v, acc * alpha)
     return acc, m_i, l_i
 
 
@@ -359,13 +379,16 @@ def _sparse_mla_fwd_kernel(
     SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DV_SPLITS: tl.constexpr,
 ):
-    # The head blocks of one token are adjacent in launch order, so they run
-    # together and share its rows through L2.
-    per_token = tl.cdiv(num_heads, BLOCK_H)
+    DV: tl.constexpr = 512 // DV_SPLITS
+    # The programs of one token (head blocks x output-dim parts) are adjacent
+    # in launch order, so they run together and share its rows through L2.
+    per_token = tl.cdiv(num_heads, BLOCK_H) * DV_SPLITS
     pid = tl.program_id(0)
     t = (pid // per_token).to(tl.int64)
-    heads = (pid % per_token) * BLOCK_H + tl.arange(0, BLOCK_H)
+    heads = (pid % per_token) // DV_SPLITS * BLOCK_H + tl.arange(0, BLOCK_H)
+    dv_part = pid % DV_SPLITS
     hmask = heads < num_heads
     split = tl.program_id(1)
 
@@ -375,7 +398,8 @@ def _sparse_mla_fwd_kernel(
         mask=hmask[:, None],
         other=0.0,
     )
-    acc = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, DV), dtype=tl.float32)
+    dv = dv_part * DV + tl.arange(0, DV)
     m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
 
@@ -402,6 +426,7 @@ def _sparse_mla_fwd_kernel(
             m_i,
             l_i,
             q,
+            dv_part,
             n_swa,
             n_swa + n_cmp,
             swa_idx,
@@ -423,6 +448,7 @@ def _sparse_mla_fwd_kernel(
             qk_scale,
             SWA_FP8,
             BLOCK_N,
+            DV_SPLITS,
         )
     else:
         # SWA alone, or pools of two record formats: one walk per segment.
@@ -431,6 +457,7 @@ def _sparse_mla_fwd_kernel(
             m_i,
             l_i,
             q,
+            dv_part,
             n_swa,
             n_swa,
             swa_idx,
@@ -452,6 +479,7 @@ def _sparse_mla_fwd_kernel(
             qk_scale,
             SWA_FP8,
             BLOCK_N,
+            DV_SPLITS,
         )
         if HAS_CMP:
             acc, m_i, l_i = _attend_chunks(
@@ -459,6 +487,7 @@ def _sparse_mla_fwd_kernel(
                 m_i,
                 l_i,
                 q,
+                dv_part,
                 0,
                 n_cmp,
                 cmp_idx,
@@ -480,6 +509,7 @@ def _sparse_mla_fwd_kernel(
                 qk_scale,
                 CMP_FP8,
                 BLOCK_N,
+                DV_SPLITS,
             )
 
     if SPLIT:
@@ -489,7 +519,7 @@ def _sparse_mla_fwd_kernel(
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_i), float("-inf"))
         row = (t * num_heads + heads) * num_splits + split
         tl.store(
-            part_out_ptr + row[:, None] * 512 + d[None, :],
+            part_out_ptr + row[:, None] * 512 + dv[None, :],
             acc * inv_l[:, None],
             mask=hmask[:, None],
         )
@@ -504,7 +534,7 @@ def _sparse_mla_fwd_kernel(
             denom += tl.exp2(sink * 1.4426950408889634 - m_shift)
         inv = tl.where(denom > 0.0, 1.0 / denom, 0.0)
         tl.store(
-            out_ptr + t * out_stride_t + heads[:, None] * out_stride_h + d[None, :],
+            out_ptr + t * out_stride_t + heads[:, None] * out_stride_h + dv[None, :],
             (acc * inv[:, None]).to(tl.bfloat16),
             mask=hmask[:, None],
         )
@@ -637,21 +667,31 @@ def _indices_2d(indices: torch.Tensor, num_tokens: int, name: str) -> torch.Tens
     return indices
 
 
-def _default_tile(num_heads: int, packed: bool) -> tuple[int, int, int]:
-    """(block_h, num_warps, block_n): tiles that compile for sm_90 with no or
-    few register spills.
+def _default_tile(
+    num_tokens: int, num_heads: int, packed: bool
+) -> tuple[int, int, int, int]:
+    """(block_h, num_warps, block_n, dv_splits): tiles that compile for
+    sm_90 with no or few register spills, picked by timing on an H200.
 
-    The [block_h, 512] float32 accumulator bounds the tile: 64 heads take 128
-    registers per thread with 8 warps, so larger head counts run as several
-    64-head blocks per token (their rows are shared through L2). The next
+    The [block_h, 512 / dv_splits] float32 accumulator bounds the tile: 64
+    heads by 512 dims take 128 registers per thread with 8 warps. The next
     chunk's raw rows wait in registers too, and BF16 rows take twice the
     registers of packed FP8 ones, hence the smaller chunk for them.
+
+    More than 64 heads with enough tokens: one 128-head block per output
+    half. Its score tile then spans both warpgroups (64 heads would be
+    computed by both, as Triton lays out a dot that feeds another dot along
+    M only), which beats two 64-head blocks although each half recomputes
+    Q.K. With few tokens the 64-head blocks give more programs to spread
+    the candidate list over.
     """
     if num_heads <= 16:
-        return 16, 4, 32
+        return 16, 4, 32, 1
     if num_heads <= 32:
-        return 32, 8, 32
-    return 64, 8, 32 if packed else 16
+        return 32, 8, 32, 1
+    if num_heads > 64 and num_tokens >= 32:
+        return 128, 8, 32, 2
+    return 64, 8, 32 if packed else 16, 1
 
 
 def _default_splits(base_programs: int, num_chunks: int, device: torch.device) -> int:
@@ -679,6 +719,7 @@ def _launch(
     num_splits: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 1,
+    dv_splits: int | None = None,
 ) -> torch.Tensor:
     if query.ndim != 3 or query.shape[-1] != _HEAD_DIM:
         raise ValueError(f"query must be [tokens, heads, 512], got {query.shape}")
@@ -723,14 +764,17 @@ def _launch(
         cmp_pool, cmp_fp8, cmp_ps, cmp_pstride, cmp_tstride = swa_pool, False, 1, 0, 0
         cmp_idx, cmp_lens, cmp_cap = swa_idx, swa_topk_lens, 0
 
-    default_bh, default_warps, default_bn = _default_tile(
-        num_heads, swa_fp8 and (cmp_fp8 or not has_cmp)
+    default_bh, default_warps, default_bn, default_dv = _default_tile(
+        num_tokens, num_heads, swa_fp8 and (cmp_fp8 or not has_cmp)
     )
     block_h = block_h or default_bh
     num_warps = num_warps or default_warps
     block_n = block_n or default_bn
+    dv_splits = dv_splits or default_dv
     num_chunks = max(triton.cdiv(swa_cap, block_n) + triton.cdiv(cmp_cap, block_n), 1)
-    base = num_tokens * triton.cdiv(num_heads, block_h)
+    if dv_splits not in (1, 2):
+        raise ValueError(f"dv_splits must be 1 or 2, got {dv_splits}")
+    base = num_tokens * triton.cdiv(num_heads, block_h) * dv_splits
     num_splits = num_splits or _default_splits(base, num_chunks, query.device)
     num_splits = max(1, min(num_splits, num_chunks))
     chunks_per_split = triton.cdiv(num_chunks, num_splits)
@@ -794,6 +838,7 @@ def _launch(
         SPLIT=split,
         BLOCK_H=block_h,
         BLOCK_N=block_n,
+        DV_SPLITS=dv_splits,
         num_warps=num_warps,
         num_stages=num_stages,
     )
