@@ -243,7 +243,9 @@ def _attend_chunks(
     the output accumulator: no [BLOCK_N, 512] tile ever sits in registers,
     which is what leaves room for the 512-wide accumulator.
     Software pipelining by hand: chunk i+1's rows are gathered while chunk i
-    is multiplied, and chunk i+2's slot ids are read one step before that.
+    is multiplied, and chunk i+2's slot ids are read one step before that
+    (Triton's own pipeliner does not touch gathers that are dequantised in
+    registers before the dot).
     """
     slots = _chunk_slots(
         0,
@@ -290,8 +292,8 @@ def _attend_chunks(
     for i in range(0, n_total):
         valid = slots >= 0
         k, v = _kv_tiles(r0, r1, r2, r3, r4, r5, r6, r7, sc, dv_part, IS_FP8, DV_SPLITS)
-        s = tl.dot(q, tl.trans(k))
-
+        # Chunk i's raw rows are now consumed: issue chunk i+1's gather at
+        # once, so it overlaps Q.K, the softmax and P.V.
         slots = slots_next
         r0, r1, r2, r3, r4, r5, r6, r7, sc = _chunk_rows(
             i + 1,
@@ -321,6 +323,7 @@ def _attend_chunks(
             b_chunk0,
             BLOCK_N,
         )
+        s = tl.dot(q, tl.trans(k))
 
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
