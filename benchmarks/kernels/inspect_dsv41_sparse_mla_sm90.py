@@ -32,8 +32,6 @@ vllm.triton_utils.triton = triton
 vllm.triton_utils.tl = triton.language
 kmod = importlib.import_module("vllm.v1.attention.ops.triton_dsv41_sparse_mla")
 
-# (block_h, num_warps, block_n, dv_splits): the launcher's default tiles.
-TILES = [(16, 4, 32, 1), (32, 8, 32, 1), (64, 8, 32, 1), (128, 8, 32, 2)]
 DIV16_INTS = {
     "q_stride_t",
     "q_stride_h",
@@ -73,8 +71,13 @@ def _signature(fn, packed: bool, consts: dict) -> tuple[dict, dict]:
     return sig, attrs
 
 
-def _tool(name: str) -> str:
-    return os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin", name)
+def _cuobjdump(flag: str, cubin: str) -> str:
+    tool = os.path.join(
+        os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump"
+    )
+    return subprocess.run(
+        [tool, flag, cubin], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def _loop_profile(sass: str) -> collections.Counter:
@@ -126,18 +129,7 @@ def inspect(tile: tuple[int, int, int, int], packed: bool, split: bool) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        res = subprocess.run(
-            [_tool("cuobjdump"), "-res-usage", f.name],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        sass = subprocess.run(
-            [_tool("cuobjdump"), "-sass", f.name],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        res, sass = (_cuobjdump(flag, f.name) for flag in ("-res-usage", "-sass"))
     regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", res).groups()
     ops = _loop_profile(sass)
     local = sum(n for op, n in ops.items() if op.startswith(("LDL", "STL")))
@@ -162,8 +154,15 @@ def main() -> None:
         "| instructions per chunk | wgmma per chunk |"
     )
     print("|---|---|---:|---:|---:|---:|---|")
-    for tile in TILES:
-        print(inspect(tile, not args.bf16, args.split), flush=True)
+    packed = not args.bf16
+    # The launcher's default tiles, from its own choice over the shapes.
+    tiles = {
+        kmod._default_tile(tokens, heads, packed)
+        for tokens in (1, 128)
+        for heads in (16, 32, 64, 128)
+    }
+    for tile in sorted(tiles):
+        print(inspect(tile, packed, args.split), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ mismatch.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from types import SimpleNamespace
@@ -410,31 +411,45 @@ def _sm120_tables(w: SimpleNamespace, swa_width: int, comp_width: int):
         # The SM120 kernel has no notion of position: any order works.
         order = window[:]
         w.rng.shuffle(order)
-        col = 0
-        for p in order:
-            if w.rng.random() < 0.1:
-                col += 1  # -1 hole inside the active length
-            if col >= swa_width:
-                break
-            swa_ids[t, col] = _swa_slot(w, r, p)
-            mask[t, w.swa_base[r] + p] = True
-            col += 1
-        swa_lens[t] = col
-        for c in range(col, swa_width):
-            swa_ids[t, c] = _swa_slot(w, r, w.rng.choice(trap_swa))
-        col = 0
-        for i in picked:
-            if w.rng.random() < 0.2:
-                col += 1
-            if col >= comp_width:
-                break
-            comp_ids[t, col] = _comp_slot(w, r, i)
-            mask[t, w.comp_base[r] + i] = True
-            col += 1
-        comp_lens[t] = col
-        for c in range(col, comp_width):
-            comp_ids[t, c] = _comp_slot(w, r, w.rng.choice(trap_comp))
+        swa_lens[t] = _fill_segment(
+            w,
+            swa_ids[t],
+            mask[t],
+            order,
+            0.1,
+            w.swa_base[r],
+            trap_swa,
+            functools.partial(_swa_slot, w, r),
+        )
+        comp_lens[t] = _fill_segment(
+            w,
+            comp_ids[t],
+            mask[t],
+            picked,
+            0.2,
+            w.comp_base[r],
+            trap_comp,
+            functools.partial(_comp_slot, w, r),
+        )
     return swa_ids, swa_lens, comp_ids, comp_lens, mask
+
+
+def _fill_segment(w, ids, mask, rows, hole_p, base, traps, slot) -> int:
+    """Write one token's segment: ``rows`` in order with random ``-1``
+    holes inside the live length, then trap slots past it. Returns the live
+    length."""
+    col = 0
+    for row in rows:
+        if w.rng.random() < hole_p:
+            col += 1  # -1 hole inside the active length
+        if col >= ids.shape[0]:
+            break
+        ids[col] = slot(row)
+        mask[base + row] = True
+        col += 1
+    for c in range(col, ids.shape[0]):
+        ids[c] = slot(w.rng.choice(traps))
+    return col
 
 
 # (pool layout, padded page stride, compressed segment, sinks).

@@ -116,30 +116,19 @@ def _cat(a, b):
 
 
 @triton.jit
-def _kv_tiles(
-    r0,
-    r1,
-    r2,
-    r3,
-    r4,
-    r5,
-    r6,
-    r7,
-    sc,
-    dv_part,
-    IS_FP8: tl.constexpr,
-    DV_SPLITS: tl.constexpr,
-):
-    """The [BLOCK_N, 512] BF16 K tile of one chunk from its raw pieces, and
-    the V tile: the same rows, restricted to this program's output dims
-    (half of them, picked by ``dv_part``, when DV_SPLITS is 2)."""
+def _kv_tiles(raw, dv_part, IS_FP8: tl.constexpr, DV_SPLITS: tl.constexpr):
+    """The [BLOCK_N, 512] BF16 K tile of one chunk from its raw pieces
+    (``_gather_rows``), and the V tile: the same rows, restricted to this
+    program's output dims (half of them, picked by ``dv_part``, when
+    DV_SPLITS is 2)."""
+    sc = raw[8]
     lo = _cat(
-        _cat(_dequant(r0, sc, 0, IS_FP8), _dequant(r1, sc, 1, IS_FP8)),
-        _cat(_dequant(r2, sc, 2, IS_FP8), _dequant(r3, sc, 3, IS_FP8)),
+        _cat(_dequant(raw[0], sc, 0, IS_FP8), _dequant(raw[1], sc, 1, IS_FP8)),
+        _cat(_dequant(raw[2], sc, 2, IS_FP8), _dequant(raw[3], sc, 3, IS_FP8)),
     )
     hi = _cat(
-        _cat(_dequant(r4, sc, 4, IS_FP8), _dequant(r5, sc, 5, IS_FP8)),
-        _cat(_dequant(r6, sc, 6, IS_FP8), _dequant(r7, sc, 7, IS_FP8)),
+        _cat(_dequant(raw[4], sc, 4, IS_FP8), _dequant(raw[5], sc, 5, IS_FP8)),
+        _cat(_dequant(raw[6], sc, 6, IS_FP8), _dequant(raw[7], sc, 7, IS_FP8)),
     )
     k = _cat(lo, hi)
     v = k
@@ -148,56 +137,35 @@ def _kv_tiles(
     return k, v
 
 
+# A segment, as the kernel walks it: (slot-id row pointer, slot-id stride,
+# live length, first chunk of this program, pool pointer, page size, page
+# stride, token stride).
+
+
 @triton.jit
-def _chunk_slots(
-    i,
-    n_a,
-    n_total,
-    a_idx_ptr,
-    a_idx_stride,
-    a_len,
-    a_chunk0,
-    b_idx_ptr,
-    b_idx_stride,
-    b_len,
-    b_chunk0,
-    BLOCK_N: tl.constexpr,
-):
+def _chunk_slots(i, n_a, n_total, seg_a, seg_b, BLOCK_N: tl.constexpr):
     """Slot ids of the ``i``-th chunk this program walks: chunks [0, n_a)
-    come from segment A starting at its chunk ``a_chunk0``, the rest from
-    segment B starting at ``b_chunk0``. Past ``n_total`` (a prefetch beyond
-    the end) every entry is -1. Entries past a row's length read as -1."""
+    come from segment A starting at its first chunk, the rest from segment
+    B. Past ``n_total`` (a prefetch beyond the end) every entry is -1.
+    Entries past a row's length read as -1."""
     in_a = i < n_a
-    chunk = tl.where(in_a, a_chunk0 + i, b_chunk0 + i - n_a)
-    idx_ptr = tl.where(in_a, a_idx_ptr, b_idx_ptr)
-    stride = tl.where(in_a, a_idx_stride, b_idx_stride)
-    lim = tl.where(i < n_total, tl.where(in_a, a_len, b_len), 0)
+    chunk = tl.where(in_a, seg_a[3] + i, seg_b[3] + i - n_a)
+    idx_ptr = tl.where(in_a, seg_a[0], seg_b[0])
+    stride = tl.where(in_a, seg_a[1], seg_b[1])
+    lim = tl.where(i < n_total, tl.where(in_a, seg_a[2], seg_b[2]), 0)
     pos = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
     return tl.load(idx_ptr + pos * stride, mask=pos < lim, other=-1)
 
 
 @triton.jit
-def _chunk_rows(
-    i,
-    n_a,
-    slots,
-    a_pool_ptr,
-    a_page_size,
-    a_page_stride,
-    a_token_stride,
-    b_pool_ptr,
-    b_page_size,
-    b_page_stride,
-    b_token_stride,
-    IS_FP8: tl.constexpr,
-):
+def _chunk_rows(i, n_a, slots, seg_a, seg_b, IS_FP8: tl.constexpr):
     in_a = i < n_a
     return _gather_rows(
-        tl.where(in_a, a_pool_ptr, b_pool_ptr),
+        tl.where(in_a, seg_a[4], seg_b[4]),
         slots,
-        tl.where(in_a, a_page_size, b_page_size),
-        tl.where(in_a, a_page_stride, b_page_stride),
-        tl.where(in_a, a_token_stride, b_token_stride),
+        tl.where(in_a, seg_a[5], seg_b[5]),
+        tl.where(in_a, seg_a[6], seg_b[6]),
+        tl.where(in_a, seg_a[7], seg_b[7]),
         IS_FP8,
     )
 
@@ -211,22 +179,8 @@ def _attend_chunks(
     dv_part,
     n_a,
     n_total,
-    a_idx_ptr,
-    a_idx_stride,
-    a_len,
-    a_chunk0,
-    a_pool_ptr,
-    a_page_size,
-    a_page_stride,
-    a_token_stride,
-    b_idx_ptr,
-    b_idx_stride,
-    b_len,
-    b_chunk0,
-    b_pool_ptr,
-    b_page_size,
-    b_page_stride,
-    b_token_stride,
+    seg_a,
+    seg_b,
     qk_scale,
     IS_FP8: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -238,91 +192,26 @@ def _attend_chunks(
 
     One loop walks both segments, so the prefetch below runs across the
     segment boundary and there is one loop body for ptxas to allocate.
-    The K/V tile of a chunk is handled as eight 64-column pieces (seven FP8
-    blocks, each with one scale per row, and the BF16 RoPE block) and so is
-    the output accumulator: no [BLOCK_N, 512] tile ever sits in registers,
-    which is what leaves room for the 512-wide accumulator.
+    A chunk's rows are gathered as eight raw 64-column pieces (seven FP8
+    blocks, each with one scale per row, and the BF16 RoPE block) and joined
+    into one BF16 tile only when they are consumed, so a chunk costs one
+    Q.K and one P.V wgmma.
     Software pipelining by hand: chunk i+1's rows are gathered while chunk i
     is multiplied, and chunk i+2's slot ids are read one step before that
     (Triton's own pipeliner does not touch gathers that are dequantised in
     registers before the dot).
     """
-    slots = _chunk_slots(
-        0,
-        n_a,
-        n_total,
-        a_idx_ptr,
-        a_idx_stride,
-        a_len,
-        a_chunk0,
-        b_idx_ptr,
-        b_idx_stride,
-        b_len,
-        b_chunk0,
-        BLOCK_N,
-    )
-    r0, r1, r2, r3, r4, r5, r6, r7, sc = _chunk_rows(
-        0,
-        n_a,
-        slots,
-        a_pool_ptr,
-        a_page_size,
-        a_page_stride,
-        a_token_stride,
-        b_pool_ptr,
-        b_page_size,
-        b_page_stride,
-        b_token_stride,
-        IS_FP8,
-    )
-    slots_next = _chunk_slots(
-        1,
-        n_a,
-        n_total,
-        a_idx_ptr,
-        a_idx_stride,
-        a_len,
-        a_chunk0,
-        b_idx_ptr,
-        b_idx_stride,
-        b_len,
-        b_chunk0,
-        BLOCK_N,
-    )
+    slots = _chunk_slots(0, n_a, n_total, seg_a, seg_b, BLOCK_N)
+    raw = _chunk_rows(0, n_a, slots, seg_a, seg_b, IS_FP8)
+    slots_next = _chunk_slots(1, n_a, n_total, seg_a, seg_b, BLOCK_N)
     for i in range(0, n_total):
         valid = slots >= 0
-        k, v = _kv_tiles(r0, r1, r2, r3, r4, r5, r6, r7, sc, dv_part, IS_FP8, DV_SPLITS)
+        k, v = _kv_tiles(raw, dv_part, IS_FP8, DV_SPLITS)
         # Chunk i's raw rows are now consumed: issue chunk i+1's gather at
         # once, so it overlaps Q.K, the softmax and P.V.
         slots = slots_next
-        r0, r1, r2, r3, r4, r5, r6, r7, sc = _chunk_rows(
-            i + 1,
-            n_a,
-            slots,
-            a_pool_ptr,
-            a_page_size,
-            a_page_stride,
-            a_token_stride,
-            b_pool_ptr,
-            b_page_size,
-            b_page_stride,
-            b_token_stride,
-            IS_FP8,
-        )
-        slots_next = _chunk_slots(
-            i + 2,
-            n_a,
-            n_total,
-            a_idx_ptr,
-            a_idx_stride,
-            a_len,
-            a_chunk0,
-            b_idx_ptr,
-            b_idx_stride,
-            b_len,
-            b_chunk0,
-            BLOCK_N,
-        )
+        raw = _chunk_rows(i + 1, n_a, slots, seg_a, seg_b, IS_FP8)
+        slots_next = _chunk_slots(i + 2, n_a, n_total, seg_a, seg_b, BLOCK_N)
         s = tl.dot(q, tl.trans(k))
 
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
@@ -415,14 +304,32 @@ def _sparse_mla_fwd_kernel(
     swa_len = tl.minimum(tl.load(swa_lens_ptr + t), swa_cap)
     swa_lo = tl.minimum(lo, swa_chunks)
     n_swa = tl.maximum(tl.minimum(hi, tl.cdiv(swa_len, BLOCK_N)) - swa_lo, 0)
-    swa_idx = swa_idx_ptr + t * swa_idx_stride_t
+    swa = (
+        swa_idx_ptr + t * swa_idx_stride_t,
+        swa_idx_stride_k,
+        swa_len,
+        swa_lo,
+        swa_pool_ptr,
+        swa_page_size,
+        swa_page_stride,
+        swa_token_stride,
+    )
     if HAS_CMP:
         cmp_len = tl.minimum(tl.load(cmp_lens_ptr + t), cmp_cap)
         cmp_lo = tl.maximum(lo - swa_chunks, 0)
         n_cmp = tl.maximum(
             tl.minimum(hi - swa_chunks, tl.cdiv(cmp_len, BLOCK_N)) - cmp_lo, 0
         )
-        cmp_idx = cmp_idx_ptr + t * cmp_idx_stride_t
+        cmp = (
+            cmp_idx_ptr + t * cmp_idx_stride_t,
+            cmp_idx_stride_k,
+            cmp_len,
+            cmp_lo,
+            cmp_pool_ptr,
+            cmp_page_size,
+            cmp_page_stride,
+            cmp_token_stride,
+        )
     if HAS_CMP and SWA_FP8 == CMP_FP8:
         acc, m_i, l_i = _attend_chunks(
             acc,
@@ -432,22 +339,8 @@ def _sparse_mla_fwd_kernel(
             dv_part,
             n_swa,
             n_swa + n_cmp,
-            swa_idx,
-            swa_idx_stride_k,
-            swa_len,
-            swa_lo,
-            swa_pool_ptr,
-            swa_page_size,
-            swa_page_stride,
-            swa_token_stride,
-            cmp_idx,
-            cmp_idx_stride_k,
-            cmp_len,
-            cmp_lo,
-            cmp_pool_ptr,
-            cmp_page_size,
-            cmp_page_stride,
-            cmp_token_stride,
+            swa,
+            cmp,
             qk_scale,
             SWA_FP8,
             BLOCK_N,
@@ -463,22 +356,8 @@ def _sparse_mla_fwd_kernel(
             dv_part,
             n_swa,
             n_swa,
-            swa_idx,
-            swa_idx_stride_k,
-            swa_len,
-            swa_lo,
-            swa_pool_ptr,
-            swa_page_size,
-            swa_page_stride,
-            swa_token_stride,
-            swa_idx,
-            swa_idx_stride_k,
-            swa_len,
-            swa_lo,
-            swa_pool_ptr,
-            swa_page_size,
-            swa_page_stride,
-            swa_token_stride,
+            swa,
+            swa,
             qk_scale,
             SWA_FP8,
             BLOCK_N,
@@ -493,22 +372,8 @@ def _sparse_mla_fwd_kernel(
                 dv_part,
                 0,
                 n_cmp,
-                cmp_idx,
-                cmp_idx_stride_k,
-                cmp_len,
-                cmp_lo,
-                cmp_pool_ptr,
-                cmp_page_size,
-                cmp_page_stride,
-                cmp_token_stride,
-                cmp_idx,
-                cmp_idx_stride_k,
-                cmp_len,
-                cmp_lo,
-                cmp_pool_ptr,
-                cmp_page_size,
-                cmp_page_stride,
-                cmp_token_stride,
+                cmp,
+                cmp,
                 qk_scale,
                 CMP_FP8,
                 BLOCK_N,
