@@ -11,6 +11,7 @@ import os
 import runpy
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,6 +38,43 @@ def run(*cmd: str | Path, **kwargs) -> None:
     subprocess.run([str(c) for c in cmd], check=True, **kwargs)
 
 
+# Waits before each retry of a pip command. A fresh CI machine downloads a few
+# GB from the package index; one dropped connection must not fail the run.
+PIP_RETRY_WAITS_S = (15, 60)
+# How many lines of a failed pip's output the error carries (the cause is last).
+PIP_ERROR_TAIL_LINES = 40
+
+
+def run_pip(python: Path, *args: str | Path, env: dict[str, str]) -> None:
+    """Run ``python -m pip args``, retrying a failed run, and fail with the
+    end of pip's own output so that a CI log shows why it failed."""
+    cmd = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    cmd += [str(a) for a in args]
+    attempts = 1 + len(PIP_RETRY_WAITS_S)
+    for wait in (*PIP_RETRY_WAITS_S, None):
+        log(" ".join(cmd))
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        sys.stderr.write(result.stderr)
+        if result.returncode == 0:
+            return
+        if wait is not None:
+            log(f"pip failed (exit {result.returncode}); retrying in {wait} s")
+            time.sleep(wait)
+    # pip's warnings (unreachable extra indexes, say) are not why it failed.
+    lines = (result.stdout + result.stderr).splitlines()
+    tail = [line for line in lines if not line.startswith("WARNING:")]
+    tail = tail[-PIP_ERROR_TAIL_LINES:]
+    # The first line is what a test summary shows: put pip's error there too.
+    errors = [line for line in tail if line.startswith("ERROR:")]
+    raise RuntimeError(
+        f"pip failed {attempts} times (exit {result.returncode}): "
+        + " ".join(str(a) for a in args)
+        + (f" -- {errors[-1]}" if errors else "")
+        + "\n--- end of pip's output ---\n"
+        + "\n".join(tail)
+    )
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -55,10 +93,9 @@ def upstream_wheel() -> Path:
     path = WHEEL_CACHE / pin.VLLM_WHEEL
     if not path.exists():
         WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
-        run(
-            sys.executable, "-m", "pip", "download", "--no-deps",
-            "--only-binary=:all:", "--dest", WHEEL_CACHE,
-            f"vllm=={pin.VLLM_VERSION}",
+        run_pip(
+            Path(sys.executable), "download", "--no-deps", "--only-binary=:all:",
+            "--dest", WHEEL_CACHE, f"vllm=={pin.VLLM_VERSION}", env=dict(os.environ),
         )  # fmt: skip
     if not path.exists():
         raise SystemExit(
@@ -94,15 +131,15 @@ def provision_venv(
     pin = load_pin()
     if not venv_python(venv).exists():
         run(sys.executable, "-m", "venv", venv)
-    pip = [venv_python(venv), "-m", "pip", "--disable-pip-version-check"]
+    python = venv_python(venv)
     env = {**os.environ, "PIP_PROGRESS_BAR": "off"}
-    run(*pip, "install", "-q", f"torch=={pin.TORCH_VERSION}", env=env)
-    run(
-        *pip, "install", "-q", vllm_requirement,
+    run_pip(python, "install", "-q", f"torch=={pin.TORCH_VERSION}", env=env)
+    run_pip(
+        python, "install", "-q", vllm_requirement,
         f"flashinfer-python=={pin.FLASHINFER_VERSION}",
         f"torch=={pin.TORCH_VERSION}", *extra_args, env=env,
     )  # fmt: skip
-    run(*pip, "uninstall", "-q", "-y", *pin.INCOMPATIBLE_PACKAGES, env=env)
+    run_pip(python, "uninstall", "-q", "-y", *pin.INCOMPATIBLE_PACKAGES, env=env)
 
 
 def site_packages(venv: Path) -> Path:

@@ -24,7 +24,7 @@ from tools.fork.common import (  # noqa: E402
     REPO,
     log,
     provision_venv,
-    run,
+    run_pip,
     site_packages,
     upstream_wheel,
     venv_python,
@@ -86,9 +86,9 @@ def main() -> None:
         provision_venv(VENV, upstream_wheel(), ("-r", DEV_REQUIREMENTS))
         # The dev distribution carries only the vllm.general_plugins entry
         # point; vLLM's own plugin loader finds the fork through it.
-        run(
-            venv_python(VENV), "-m", "pip", "install", "-q", "--no-deps",
-            "--no-build-isolation", REPO,
+        run_pip(
+            venv_python(VENV), "install", "-q", "--no-deps", "--no-build-isolation",
+            REPO, env=dict(os.environ),
         )  # fmt: skip
         STAMP.write_text(stamp)
     links = link_overlay(site_packages(VENV) / "vllm")
