@@ -30,6 +30,7 @@ from vllm.v1.attention.ops.triton_dsv41_sparse_mla import (
     _default_splits,
     _default_tile,
     _launch,
+    _max_shared_bytes,
 )
 
 # Ceilings measured on this workplace's H200 (device copy and dense BF16 GEMM).
@@ -149,7 +150,9 @@ def run_torch(x):
 
 def default_config(tokens: int, heads: int) -> str:
     """The launch configuration the kernel picks by itself, for the table."""
-    block_h, num_warps, block_n, dv_splits = _default_tile(tokens, heads, True)
+    block_h, num_warps, block_n, dv_splits = _default_tile(
+        tokens, heads, True, _max_shared_bytes(torch.cuda.current_device())
+    )
     chunks = -(-SWA_CAP // block_n) - (-CMP_CAP // block_n)
     base = tokens * -(-heads // block_h) * dv_splits
     splits = _default_splits(base, chunks, torch.device("cuda"))

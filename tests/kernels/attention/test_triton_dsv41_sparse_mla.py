@@ -398,6 +398,20 @@ def test_mixed_pool_formats(tokens: int, heads: int):
     assert rel_err(out, reference(q, segments, SM_SCALE, sinks)) < RTOL
 
 
+@pytest.mark.parametrize("record", ["fp8", "bf16"])
+@pytest.mark.parametrize("tokens,heads", [(3, 64), (40, 128)])
+def test_tiles_for_99_kb_gpus(monkeypatch, tokens: int, heads: int, record: str):
+    """The launcher's tiles for GPUs with 99 KB of shared memory per block
+    (L40S, RTX 50xx, GB10), run here by making this GPU report that limit."""
+    import vllm.v1.attention.ops.triton_dsv41_sparse_mla as kernels
+
+    monkeypatch.setattr(kernels, "_max_shared_bytes", lambda index: 99 * 1024)
+    q, segments, sinks = make_case(tokens, heads, record, True, True, seed=31)
+    out = run_kernel(q, segments, sinks, SM_SCALE)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, reference(q, segments, SM_SCALE, sinks)) < RTOL
+
+
 @pytest.mark.parametrize("num_tokens", [2, 64])
 def test_cuda_graph_replay_sees_new_inputs(num_tokens: int):
     """Capture once, then replay with new queries, indices, lengths and

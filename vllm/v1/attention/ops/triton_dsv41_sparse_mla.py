@@ -535,7 +535,27 @@ def _indices_2d(indices: torch.Tensor, num_tokens: int, name: str) -> torch.Tens
     return indices
 
 
-def _default_tile(
+def _tile_shared_bytes(block_h: int, block_n: int) -> int:
+    """Shared memory one program of a tile needs, at most: the query block
+    and one chunk of rows as BF16 MMA operands, up to 128 B per head for the
+    compiler's layout conversions and 1 KB for its barriers. Tests compile
+    every default tile for each GPU family the kernel runs on and check that
+    the compiler stays within this bound."""
+    return 2 * _HEAD_DIM * (block_h + block_n) + 128 * block_h + 1024
+
+
+@functools.cache
+def _max_shared_bytes(device_index: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    return props.shared_memory_per_block_optin
+
+
+# Tiles for GPUs with 99 KB of shared memory per program (SM89, SM12x), in
+# order of preference: the query blocks of the tuned tiles do not fit there.
+_SMALL_SHARED_TILES = ((64, 8, 16, 1), (32, 8, 32, 1), (16, 4, 32, 1))
+
+
+def _tuned_tile(
     num_tokens: int, num_heads: int, packed: bool
 ) -> tuple[int, int, int, int]:
     """(block_h, num_warps, block_n, dv_splits): tiles that compile for
@@ -560,6 +580,22 @@ def _default_tile(
     if num_heads > 64 and num_tokens >= 32:
         return 128, 8, 32, 2
     return 64, 8, 32 if packed else 16, 1
+
+
+def _default_tile(
+    num_tokens: int, num_heads: int, packed: bool, max_shared: int
+) -> tuple[int, int, int, int]:
+    """The tuned tile if its shared memory fits in ``max_shared`` bytes, else
+    the first smaller one that fits (a tile that does not fit would only fail
+    when Triton loads it, at the first request)."""
+    for tile in (_tuned_tile(num_tokens, num_heads, packed), *_SMALL_SHARED_TILES):
+        block_h, _, block_n, _ = tile
+        if _tile_shared_bytes(block_h, block_n) <= max_shared:
+            return tile
+    raise ValueError(
+        f"the Triton sparse-MLA kernel needs {_tile_shared_bytes(16, 32)} B of "
+        f"shared memory per program; this GPU has {max_shared} B"
+    )
 
 
 def _default_splits(base_programs: int, num_chunks: int, device: torch.device) -> int:
@@ -632,8 +668,12 @@ def _launch(
         cmp_pool, cmp_fp8, cmp_ps, cmp_pstride, cmp_tstride = swa_pool, False, 1, 0, 0
         cmp_idx, cmp_lens, cmp_cap = swa_idx, swa_topk_lens, 0
 
+    device_index = query.device.index if query.device.index is not None else 0
     default_bh, default_warps, default_bn, default_dv = _default_tile(
-        num_tokens, num_heads, swa_fp8 and (cmp_fp8 or not has_cmp)
+        num_tokens,
+        num_heads,
+        swa_fp8 and (cmp_fp8 or not has_cmp),
+        _max_shared_bytes(device_index),
     )
     block_h = block_h or default_bh
     num_warps = num_warps or default_warps

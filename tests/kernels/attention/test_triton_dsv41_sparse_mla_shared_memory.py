@@ -1,0 +1,80 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Every tile the Triton sparse-MLA launcher picks fits the GPU it runs on.
+
+A tile whose shared memory exceeds the GPU's per-block limit compiles, then
+fails when Triton loads it, at the first request. The tiles tuned on the
+H200 need up to 176 KB; L40S, the RTX 50xx/PRO 6000 and GB10 give a block
+99 KB. Here each default tile is compiled without a GPU for each family the
+kernel runs on (the real compiler is the reference) and its shared memory is
+checked against that family's published limit and against the launcher's
+own estimate, which must stay an upper bound.
+"""
+
+import functools
+import itertools
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from tools.kernels.dsv41_sparse_mla_offline import (  # noqa: E402
+    SHARED_BYTES_PER_BLOCK,
+    compile_tile,
+    load_kernel_module,
+)
+
+# Head counts of DeepSeek V4.1 under tensor parallelism (128 / TP), plus
+# counts that are not powers of two; token counts from decode to prefill.
+HEADS = (1, 8, 16, 24, 32, 48, 64, 96, 128)
+TOKENS = (1, 8, 32, 128, 4096)
+
+
+@functools.cache
+def kernel_module():
+    return load_kernel_module()
+
+
+@functools.cache
+def compiled_shared_bytes(capability: int, tile: tuple, packed: bool) -> int:
+    return compile_tile(kernel_module(), capability, tile, packed).metadata.shared
+
+
+def default_tiles(capability: int, packed: bool) -> set[tuple[int, int, int, int]]:
+    limit = SHARED_BYTES_PER_BLOCK[capability]
+    return {
+        kernel_module()._default_tile(tokens, heads, packed, limit)
+        for tokens, heads in itertools.product(TOKENS, HEADS)
+    }
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["fp8_ds_mla", "bf16"])
+@pytest.mark.parametrize("capability", sorted(SHARED_BYTES_PER_BLOCK))
+def test_default_tiles_fit_the_gpu(capability, packed):
+    limit = SHARED_BYTES_PER_BLOCK[capability]
+    for tile in sorted(default_tiles(capability, packed)):
+        block_h, _, block_n, _ = tile
+        used = compiled_shared_bytes(capability, tile, packed)
+        assert used <= limit, (capability, tile, used)
+        estimate = kernel_module()._tile_shared_bytes(block_h, block_n)
+        assert used <= estimate, (capability, tile, used, estimate)
+
+
+def test_tuned_tiles_that_would_not_fit_are_replaced():
+    """The 99 KB GPUs get other tiles than the H200 for wide head blocks, and
+    the H200's tile for them really would not fit there."""
+    kernels = kernel_module()
+    small = SHARED_BYTES_PER_BLOCK[120]
+    big = SHARED_BYTES_PER_BLOCK[90]
+    for tokens, heads in ((128, 128), (1, 64)):
+        tuned = kernels._default_tile(tokens, heads, True, big)
+        assert compiled_shared_bytes(120, tuned, True) > small
+        chosen = kernels._default_tile(tokens, heads, True, small)
+        assert chosen != tuned
+        assert compiled_shared_bytes(120, chosen, True) <= small
+
+
+def test_a_gpu_too_small_for_any_tile_is_refused():
+    kernels = kernel_module()
+    with pytest.raises(ValueError, match="shared memory per program"):
+        kernels._default_tile(1, 16, True, 48 * 1024)
