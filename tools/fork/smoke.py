@@ -5,7 +5,8 @@
     <venv>/bin/python tools/fork/smoke.py
 
 Exits non-zero unless the installed vLLM is the fork wheel, the overlay is
-imported from it, and vLLM's own plugin loader activates the fork.
+imported from it, vLLM's own plugin loader activates the fork, and loading
+the DeepSeek V4.1 model's modules binds the fork into them.
 """
 
 import importlib.metadata
@@ -30,6 +31,17 @@ def main() -> None:
     vllm.plugins.load_general_plugins()
     if not fork._registered:
         failures.append("vLLM's plugin loader did not activate the fork")
+    # The bindings into the model's modules apply as those modules load.
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse, model
+    from vllm.plugins.deepseek_v4_1_blackwell.hooks import _WRAPPED
+
+    launcher = flashinfer_sparse.flashinfer_trtllm_batch_decode_sparse_mla_dsv4
+    for name, bound in (
+        ("_select_dsv4_attn_cls", model._select_dsv4_attn_cls),
+        ("flashinfer_trtllm_batch_decode_sparse_mla_dsv4", launcher),
+    ):
+        if not getattr(bound, _WRAPPED, False):
+            failures.append(f"{name} was not bound when the model loaded")
     for failure in failures:
         print(f"SMOKE FAIL: {failure}", file=sys.stderr)
     if failures:

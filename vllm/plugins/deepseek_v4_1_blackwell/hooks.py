@@ -5,7 +5,8 @@
 Each binding here becomes a small in-place edit in the upstream pull request
 (docs/upstream-pr.md lists them). Every binding is idempotent and checks that
 the upstream object it replaces still has the shape it was written for, so an
-upstream change fails loudly at registration instead of silently unbinding.
+upstream change fails loudly (at registration, or at the import of the model
+module it binds into) instead of silently unbinding.
 """
 
 import functools
@@ -13,6 +14,7 @@ import inspect
 from collections.abc import Callable
 
 from vllm.logger import init_logger
+from vllm.plugins.deepseek_v4_1_blackwell.after_import import after_import
 
 logger = init_logger(__name__)
 
@@ -155,16 +157,24 @@ def bind_sm120_config_probe() -> None:
     setattr(flashinfer_utils, name, served_by_policy)
 
 
+# Bindings into vLLM's registries, applied when the plugin loads.
 BINDINGS: tuple[Callable[[], None], ...] = (
     bind_backend_name,
-    bind_attention_selection,
-    bind_sparse_mla_launcher,
     bind_sm120_config_probe,
 )
+# Bindings into DeepSeek V4.1's own modules, applied when the module is first
+# imported: processes that never build the model never import it.
+MODEL_BINDINGS: dict[str, Callable[[], None]] = {
+    "vllm.models.deepseek_v41.nvidia.model": bind_attention_selection,
+    "vllm.models.deepseek_v41.nvidia.flashinfer_sparse": bind_sparse_mla_launcher,
+}
 
 
 def install() -> None:
-    """Apply every binding; safe to call more than once."""
+    """Apply every binding, or arrange it for the module's import; safe to
+    call more than once."""
     for bind in BINDINGS:
         bind()
         logger.debug("DeepSeek V4.1 Blackwell fork: %s applied", bind.__name__)
+    for module_name, bind in MODEL_BINDINGS.items():
+        after_import(module_name, bind)
