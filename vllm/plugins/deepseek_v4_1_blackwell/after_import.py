@@ -9,7 +9,6 @@ importing DeepSeek V4.1 code at all.
 """
 
 import importlib.abc
-import importlib.machinery
 import sys
 import threading
 from collections.abc import Callable
@@ -18,29 +17,10 @@ from types import ModuleType
 _lock = threading.Lock()
 
 
-class _RunAfterExec(importlib.abc.Loader):
-    """The module's own loader, followed by the callbacks."""
-
-    def __init__(self, loader: importlib.abc.Loader, callbacks: list[Callable]):
-        self._loader = loader
-        self._callbacks = callbacks
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        for callback in self._callbacks:
-            callback()
-
-    def __getattr__(self, name: str):
-        # get_source, get_resource_reader, ...: the wrapped loader's.
-        return getattr(self._loader, name)
-
-
 class _AfterImportFinder(importlib.abc.MetaPathFinder):
     """Finds nothing itself: for a watched name it asks the other finders and
-    wraps the loader of the spec they return."""
+    makes the loader of the spec they return call the callbacks after it
+    has executed the module."""
 
     def __init__(self) -> None:
         self.pending: dict[str, list[Callable[[], None]]] = {}
@@ -50,12 +30,27 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
             callbacks = self.pending.pop(fullname, None)
         if callbacks is None:
             return None
+        spec = self._spec_from_other_finders(fullname, path, target)
+        if spec is None:
+            return None
+        # Patch this spec's own loader instance: the module keeps its real
+        # loader (source, resources) and only gains the calls.
+        exec_module = spec.loader.exec_module
+
+        def exec_then_call(module: ModuleType) -> None:
+            exec_module(module)
+            for callback in callbacks:
+                callback()
+
+        spec.loader.exec_module = exec_then_call  # type: ignore[method-assign]
+        return spec
+
+    def _spec_from_other_finders(self, fullname, path, target):
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None:
-                spec.loader = _RunAfterExec(spec.loader, callbacks)
                 return spec
         return None
 

@@ -546,6 +546,9 @@ def _tile_shared_bytes(block_h: int, block_n: int) -> int:
 
 @functools.cache
 def _max_shared_bytes(device_index: int) -> int:
+    # The same opt-in limit vllm.utils.mem_utils.get_max_shared_memory_bytes
+    # reads, but through torch: this module needs only Triton, not vLLM's
+    # compiled extensions.
     props = torch.cuda.get_device_properties(device_index)
     return props.shared_memory_per_block_optin
 
