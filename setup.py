@@ -1,12 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Build hook for the development distribution described in pyproject.toml.
+"""The fork builds through its PEP 517 backend (pyproject.toml):
 
-It ships no Python packages: the overlay's files belong to the ``vllm``
-package, which upstream's wheel owns. Development links them into that package
-and the product, the fork wheel, merges them into it (see tools/fork/).
+    pip wheel --no-deps .        # or: python -m build --wheel
+
+``python setup.py`` builds the same wheel into dist/.
 """
 
-from setuptools import setup
+from pathlib import Path
 
-setup(packages=[], py_modules=[])
+from tools.fork.build_wheel import build
+
+if __name__ == "__main__":
+    print(build(Path(__file__).resolve().parent / "dist"))

@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Build the fork wheel: the pinned upstream vLLM wheel plus the overlay.
+"""Build the fork wheel: the pinned upstream vLLM wheel, edited in place.
 
     python3 tools/fork/build_wheel.py [--out dist]
 
-Every upstream entry is copied with its compressed bytes untouched (the
-compiled extensions included); the overlay files and the plugin entry point
-are added, the dist-info is renamed to the local version and RECORD is
-rewritten. No GPU and no compiler are needed.
+Every upstream entry the edits do not touch is copied with its compressed
+bytes untouched (the compiled extensions included); the edited upstream files
+and the fork's new modules are written in, the dist-info is renamed to the
+local version and RECORD is rewritten. No GPU and no compiler are needed.
 """
 
 import argparse
@@ -17,15 +17,14 @@ import hashlib
 import io
 import struct
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.fork.common import REPO, load_pin, log, overlay_files, upstream_wheel  # noqa: E402
+from tools.fork.common import REPO, load_pin, log, upstream_wheel  # noqa: E402
+from tools.fork.fork_tree import edited_upstream_files, fork_files  # noqa: E402
 
-PLUGIN_GROUP = "vllm.general_plugins"
 # Local file header: signature, version, flags, method, time, date, crc32,
 # compressed size, size, name length, extra length (APPNOTE 4.3.7).
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
@@ -40,12 +39,6 @@ def fork_version() -> str:
 def fork_wheel_name() -> str:
     pin = load_pin()
     return pin.VLLM_WHEEL.replace(pin.VLLM_VERSION, fork_version(), 1)
-
-
-def plugin_entry_points() -> dict[str, str]:
-    """The entry points pyproject.toml declares for vLLM's plugin group."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return project["entry-points"][PLUGIN_GROUP]
 
 
 def _record_hash(data: bytes) -> str:
@@ -96,11 +89,16 @@ def build(out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".partial")
 
+    edited = edited_upstream_files(source)
+    files = fork_files(source)
     with zipfile.ZipFile(source) as src:
         upstream_names = set(src.namelist())
-        clashes = [str(p) for p in overlay_files() if str(p) in upstream_names]
-        if clashes:
-            raise SystemExit(f"overlay files shadow upstream files: {clashes}")
+        shadowing = sorted(set(files) - set(edited) & upstream_names)
+        if shadowing:
+            raise SystemExit(
+                f"new modules would replace upstream files: {shadowing}; change "
+                "upstream files through tools/fork/edits.py"
+            )
         record = {
             row[0]: row[1:]
             for row in csv.reader(io.StringIO(src.read(old_info + "RECORD").decode()))
@@ -108,7 +106,7 @@ def build(out_dir: Path) -> Path:
         rows: list[tuple[str, str, str]] = []
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
             for info in src.infolist():
-                if info.filename.startswith(old_info):
+                if info.filename.startswith(old_info) or info.filename in files:
                     continue
                 _copy_compressed(src, info, dst)
                 digest, size = record[info.filename]
@@ -122,8 +120,8 @@ def build(out_dir: Path) -> Path:
                 dst.writestr(zinfo, data)
                 rows.append((name, _record_hash(data), str(len(data))))
 
-            for path in overlay_files():
-                add(str(path), (REPO / path).read_bytes())
+            for name in sorted(files):
+                add(name, files[name])
             for info in src.infolist():
                 name = info.filename
                 if not name.startswith(old_info) or name.endswith("/RECORD"):
@@ -131,8 +129,6 @@ def build(out_dir: Path) -> Path:
                 data = src.read(info)
                 if name.endswith("/METADATA"):
                     data = _with_version(data.decode(), fork_version()).encode()
-                elif name.endswith("/entry_points.txt"):
-                    data = _with_plugins(data.decode()).encode()
                 add(new_info + name[len(old_info) :], data)
 
             buf = io.StringIO()
@@ -152,15 +148,6 @@ def _with_version(metadata: str, version: str) -> str:
     idx = next(i for i, line in enumerate(lines) if line.startswith("Version: "))
     lines[idx] = f"Version: {version}"
     return "\n".join(lines)
-
-
-def _with_plugins(entry_points: str) -> str:
-    """Add the fork's plugin entry points to upstream's entry_points.txt."""
-    entries = "".join(f"{k} = {v}\n" for k, v in plugin_entry_points().items())
-    header = f"[{PLUGIN_GROUP}]\n"
-    if header in entry_points:
-        return entry_points.replace(header, header + entries, 1)
-    return entry_points.rstrip("\n") + f"\n\n{header}{entries}"
 
 
 def main() -> None:

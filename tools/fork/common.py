@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "vllm"
-PIN_FILE = OVERLAY / "plugins" / "deepseek_v4_1_blackwell" / "pin.py"
+PIN_FILE = REPO / "tools" / "fork" / "pin.py"
 WHEEL_CACHE = REPO / ".cache" / "wheels"
 DEV_REQUIREMENTS = REPO / "requirements" / "dev.txt"
 

@@ -1,13 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Make ``.venv``: the pinned upstream vLLM with the overlay live in it.
+"""Make ``.venv``: the pinned upstream vLLM, edited in place, with the fork's
+new modules live in it.
 
     python3 tools/fork/dev_env.py
 
-The overlay is linked into the installed ``vllm`` package (the topmost path
-that upstream lacks is symlinked, so edits and new files under it take effect
-at once). A venv that already matches the pin and the dev requirements is
-reused: the second run only re-checks the links.
+The upstream files the edit list changes are rewritten in the installed
+``vllm`` package from the pinned wheel's pristine copies, so running this
+again is how a changed edit takes effect (seconds). The fork's new modules
+are symlinked (the topmost path upstream lacks), so changes to them and new
+files under a linked folder take effect at once. A venv that already matches
+the pin and the dev requirements is reused.
 """
 
 import hashlib
@@ -22,6 +25,7 @@ from tools.fork.common import (  # noqa: E402
     OVERLAY,
     PIN_FILE,
     REPO,
+    load_pin,
     log,
     provision_venv,
     run_pip,
@@ -32,6 +36,12 @@ from tools.fork.common import (  # noqa: E402
 
 VENV = REPO / ".venv"
 STAMP = VENV / ".fork-stamp"
+# The upstream files the last run edited, so that a file no edit touches any
+# more gets its pristine text back.
+EDITED_LIST = VENV / ".fork-edited-files"
+# The development distribution earlier layouts installed (it declared a
+# plugin entry point that no longer exists).
+OLD_DEV_DISTRIBUTION = "vllm-dsv41-blackwell-overlay"
 
 
 def _wanted_stamp() -> str:
@@ -78,22 +88,46 @@ def link_overlay(upstream_root: Path) -> list[Path]:
     return links
 
 
+def apply_edits_in_place(upstream_root: Path, wheel: Path) -> list[str]:
+    """Write the edited upstream files into the installed package; restore
+    the pristine text of files an earlier edit list changed. Returns the
+    edited paths."""
+    import zipfile
+
+    from tools.fork.fork_tree import edited_upstream_files
+
+    edited = edited_upstream_files(wheel)
+    before = EDITED_LIST.read_text().split() if EDITED_LIST.exists() else []
+    site = upstream_root.parent
+    with zipfile.ZipFile(wheel) as src:
+        for path in sorted(set(before) - set(edited)):
+            (site / path).write_bytes(src.read(path))
+    for path, data in edited.items():
+        (site / path).write_bytes(data)
+    EDITED_LIST.write_text("\n".join(sorted(edited)) + "\n")
+    return sorted(edited)
+
+
 def main() -> None:
     stamp = _wanted_stamp()
+    wheel = upstream_wheel()
     if venv_python(VENV).exists() and STAMP.exists() and STAMP.read_text() == stamp:
         log(f"reusing {VENV.relative_to(REPO)} (pin and requirements unchanged)")
     else:
-        provision_venv(VENV, upstream_wheel(), ("-r", DEV_REQUIREMENTS))
-        # The dev distribution carries only the vllm.general_plugins entry
-        # point; vLLM's own plugin loader finds the fork through it.
+        EDITED_LIST.unlink(missing_ok=True)
+        provision_venv(VENV, wheel, ("-r", DEV_REQUIREMENTS))
         run_pip(
-            venv_python(VENV), "install", "-q", "--no-deps", "--no-build-isolation",
-            REPO, env=dict(os.environ),
+            venv_python(VENV), "uninstall", "-q", "-y", OLD_DEV_DISTRIBUTION,
+            env=dict(os.environ),
         )  # fmt: skip
         STAMP.write_text(stamp)
-    links = link_overlay(site_packages(VENV) / "vllm")
+    upstream_root = site_packages(VENV) / "vllm"
+    edited = apply_edits_in_place(upstream_root, wheel)
+    links = link_overlay(upstream_root)
     log(
-        f"overlay linked ({len(links)} paths); activate with: source .venv/bin/activate"
+        f"vLLM {load_pin().VLLM_VERSION} edited in place ({len(edited)} files), "
+        f"new modules linked ({len(links)} paths); "
+        "activate with: source .venv/bin/activate"
     )
 
 

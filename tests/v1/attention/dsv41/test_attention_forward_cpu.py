@@ -17,17 +17,15 @@ compared with dense masked attention in float64 over the logical K/V of every
 request: the causal window of 128 positions, the compressed entries the
 "indexer" picked, the sinks and the softmax scale.
 
-The classes come from the fork module
-``vllm.models.deepseek_v4_1.nvidia.flashinfer_sparse`` when it imports, else
-from upstream's ``vllm.models.deepseek_v41.nvidia.flashinfer_sparse``
-(``ATTENTION_MODULE`` says which).
+The classes are ``vllm.models.deepseek_v41.nvidia.flashinfer_sparse``'s; the
+SM120 layer runs the kernel its negotiated geometry names through
+``sparse_mla_launcher``, here FlashInfer's (the reference).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import random
 import sys
 from dataclasses import dataclass
@@ -50,22 +48,10 @@ from tests.v1.attention.dsv41.sparse_mla_reference import (
     write_fp8_ds_mla,
     write_plain_pool,
 )
+from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 
-FORK_MODULE = "vllm.models.deepseek_v4_1.nvidia.flashinfer_sparse"
-UPSTREAM_MODULE = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
-
-
-def _attention_module():
-    try:
-        present = importlib.util.find_spec(FORK_MODULE) is not None
-    except ModuleNotFoundError:
-        present = False
-    # A fork module that exists but fails to import must fail here, loudly.
-    return importlib.import_module(FORK_MODULE if present else UPSTREAM_MODULE)
-
-
-attention = _attention_module()
-ATTENTION_MODULE = attention.__name__
+ATTENTION_MODULE = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
+attention = importlib.import_module(ATTENTION_MODULE)
 
 WINDOW = 128
 D = 512
@@ -358,6 +344,9 @@ def _make_layer(world: SimpleNamespace):
     )
     layer = object.__new__(cls)
     torch.nn.Module.__init__(layer)
+    # What the layer negotiated when it was built: FlashInfer's kernel.
+    kernel = policy.FLASHINFER_SM120 if case.cls == "sm120" else policy.TRTLLM_GEN
+    layer.sparse_mla_geometry = SimpleNamespace(kernel_path=kernel)
     layer.compress_ratio = case.ratio
     layer.window_size = WINDOW
     layer.max_image_tokens = 0
@@ -413,8 +402,10 @@ def patched(monkeypatch):
                 lambda device: torch.empty(16, dtype=torch.uint8)
             ),
         }
-        for klass in type(layer).__mro__:
-            module = sys.modules.get(klass.__module__)
+        modules = [sys.modules.get(k.__module__) for k in type(layer).__mro__]
+        # The launcher calls FlashInfer through vLLM's FlashInfer utilities.
+        modules.append(sys.modules["vllm.utils.flashinfer"])
+        for module in modules:
             for name, value in replacements.items():
                 if module is not None and hasattr(module, name):
                     monkeypatch.setattr(module, name, value)

@@ -31,14 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
-    _SPARSE_MLA_SUPPORTED_Q_HEADS as SUPPORTED_Q_HEADS,
-)
 from vllm.platforms.interface import DeviceCapability
 
-# Upstream vLLM builds the sliding-window cache with this page (any multiple of
-# 32 works for the kernels that take the page size at run time).
-UPSTREAM_SWA_BLOCK_SIZE = 32
 # KV-cache dtypes each kernel family reads (the SM120 kernels read the packed
 # fp8_ds_mla record; TRTLLM-gen reads plain BF16 or per-tensor FP8 rows).
 SM100_KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3")
@@ -195,6 +189,14 @@ class PagePlan:
         return sorted((s for s in sizes if s is not None), reverse=True)
 
 
+def upstream_swa_block_size() -> int:
+    """The sliding-window page of kernels that take the page size at run
+    time (the SWA backend's own answer)."""
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend
+
+    return DeepseekSparseSWABackend.get_swa_block_size()
+
+
 def is_sm100(capability: DeviceCapability) -> bool:
     return capability.major == 10
 
@@ -212,7 +214,7 @@ def plan_pages(
     """
     if is_sm100(capability):
         # TRTLLM-gen takes the page size at run time: keep upstream's pages.
-        return PagePlan(capability, TRTLLM_GEN, UPSTREAM_SWA_BLOCK_SIZE, None)
+        return PagePlan(capability, TRTLLM_GEN, upstream_swa_block_size(), None)
     if is_sm120(capability):
         if envelope is None:
             envelope = installed_sm120_envelope()
@@ -222,11 +224,11 @@ def plan_pages(
         if envelope is not None:
             # Runtime page sizes: upstream's geometry already works.
             return PagePlan(
-                capability, FLASHINFER_SM120, UPSTREAM_SWA_BLOCK_SIZE, None, envelope
+                capability, FLASHINFER_SM120, upstream_swa_block_size(), None, envelope
             )
     if capability.to_int() >= TRITON_MIN_CAPABILITY:
         # No FlashInfer kernel for this GPU: the Triton kernel takes any page.
-        return PagePlan(capability, TRITON, UPSTREAM_SWA_BLOCK_SIZE, None)
+        return PagePlan(capability, TRITON, upstream_swa_block_size(), None)
     raise UnsupportedSparseMLAConfig(
         f"{BACKEND_NAME} runs on SM10x (B200, GB200) and SM12x (RTX 50xx, RTX "
         "PRO 6000, GB10) through FlashInfer, and on other GPUs from SM89 on "
@@ -238,6 +240,12 @@ def plan_pages(
 
 def pad_q_heads(num_local_heads: int) -> int:
     """The head count the kernels run at for ``num_local_heads``."""
+    # Upstream's list of the head counts the sparse-MLA kernels take. Imported
+    # here: that module imports this one through the layers' negotiation.
+    from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+        _SPARSE_MLA_SUPPORTED_Q_HEADS as SUPPORTED_Q_HEADS,
+    )
+
     for heads in SUPPORTED_Q_HEADS:
         if num_local_heads <= heads:
             return heads
@@ -298,6 +306,12 @@ class LayerGeometry:
     # FlashInfer kernel (None when it is).
     kernel_path: str
     fallback_reason: str | None = None
+
+    def serves(self, padded_heads: int, topk: int) -> bool:
+        """Whether the kernel chosen for the model runs this decode shape."""
+        if self.kernel_path != FLASHINFER_SM120 or self.plan.envelope is None:
+            return True
+        return self.plan.envelope.serves(padded_heads, topk)
 
 
 def negotiate(

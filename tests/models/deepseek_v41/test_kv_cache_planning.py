@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from vllm.config import DeviceConfig, VllmConfig
-from vllm.models.deepseek_v4_1 import report
-from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as fork
+from vllm.models.deepseek_v41 import report
 from vllm.models.deepseek_v41.attention import (
     DeepseekV4IndexerCache,
     _indexer_k_cache_head_dim,
 )
+from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fork
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """What DeepSeek V4.1 attention will do on a GPU, before loading any weights.
 
-    python -m vllm.models.deepseek_v4_1.report plan --capability 12.0 \
+    python -m vllm.models.deepseek_v41.report plan --capability 12.0 \
         [--config config.json] [--tp N] [--kv-cache-dtype fp8_ds_mla] [--json]
 
 Prints, for each KV cache (sliding window; compressed KV per ratio), the page
@@ -36,7 +36,7 @@ KERNEL_PATHS = {
     " (SWA + compressed in one index table)",
     policy.FLASHINFER_SM120: "FlashInfer SM120 trtllm_batch_decode_sparse_mla_dsv4"
     " (two segments: SWA, then compressed)",
-    policy.TRITON: "the fork's Triton kernel triton_sparse_mla_dsv41"
+    policy.TRITON: "the portable Triton kernel triton_sparse_mla_dsv41"
     " (two segments: SWA, then compressed)",
 }
 
@@ -78,15 +78,23 @@ def cache_specs(
     hold just the fields those methods read, with the negotiated page sizes.
     """
     from vllm.config.cache import CacheConfig
-    from vllm.models.deepseek_v4_1.nvidia.flashinfer_sparse import (
+    from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+        DeepseekV4FlashInferMLASparseBackend,
+    )
+    from vllm.models.deepseek_v41.nvidia.sparse_mla_negotiation import (
+        DSV41_COMPRESS_RATIOS,
         preferred_block_size,
-        with_negotiated_block_size,
     )
 
     cache_dtype, torch_dtype = _resolve_dsv4_kv_cache_dtype(
         uses_fp8_ds_mla_layout, kv_cache_dtype, None
     )
-    block_size = preferred_block_size(plan, CacheConfig.DEFAULT_BLOCK_SIZE)
+    # A plan without pages of its own keeps the backend's (upstream's) pages;
+    # on a GPU-less host that is the backend's answer with no plan.
+    kernel_sizes = plan.kernel_block_sizes(DSV41_COMPRESS_RATIOS) or (
+        DeepseekV4FlashInferMLASparseBackend.get_supported_kernel_block_sizes()
+    )
+    block_size = preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE, kernel_sizes)
     cache_config = SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size)
     vllm_config = SimpleNamespace(cache_config=cache_config)
     # SM10x stores the 528-byte MXFP8 record, others the 584-byte one.
@@ -114,10 +122,26 @@ def cache_specs(
             swa, vllm_config
         )
         if layer in hf_config.kv_source_layer_ids and ratio > 0:
-            source = SimpleNamespace(is_kv_source=True, compress_ratio=ratio, **record)
-            spec = DeepseekV4Attention.get_kv_cache_spec(source, vllm_config)
-            specs[prefix] = with_negotiated_block_size(spec, plan, ratio)
+            # The layer's backend answers with the plan being reported.
+            backend = SimpleNamespace(
+                get_compressed_block_size=plan.compressed_block_size
+            )
+            source = SimpleNamespace(
+                is_kv_source=True, compress_ratio=ratio, backend_cls=backend, **record
+            )
+            specs[prefix] = DeepseekV4Attention.get_kv_cache_spec(source, vllm_config)
     return specs
+
+
+def attention_class_for(capability: DeviceCapability) -> type:
+    """The layer ``--attention-backend FLASHINFER_MLA_SPARSE_DSV41`` builds on
+    ``capability`` (``_select_dsv4_attn_cls``): TRTLLM-gen's on SM10x, the
+    two-segment layer everywhere else."""
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+
+    if policy.is_sm100(capability):
+        return fi.DeepseekV4FlashInferMLAAttention
+    return fi.DeepseekV4FlashInferSM120Attention
 
 
 def make_plan(
@@ -130,15 +154,15 @@ def make_plan(
     use_non_causal: bool = False,
     envelope: policy.SM120Envelope | None = None,
 ) -> Plan:
-    from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as fork
+    from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
 
     report = Plan(
         capability=f"{capability.major}.{capability.minor}",
         local_heads=hf_config.num_attention_heads // tensor_parallel_size,
     )
     try:
-        attention_cls = fork.attention_class_for(capability)
-        geometry = fork.negotiate_for_model(
+        attention_cls = attention_class_for(capability)
+        geometry = sparse_mla_negotiation.negotiate_for_model(
             capability,
             hf_config,
             tensor_parallel_size=tensor_parallel_size,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from vllm.models.deepseek_v4_1 import report
+from vllm.models.deepseek_v41 import report
 
 
 def _plan(capsys, *args: str) -> tuple[int, dict]:
@@ -19,7 +19,7 @@ def test_sm12x_plan(capsys, capability):
     code, plan = _plan(capsys, "--capability", capability)
     assert code == 0 and plan["error"] is None
     assert plan["attention_class"].endswith(
-        "deepseek_v4_1.nvidia.flashinfer_sparse.DeepseekV4FlashInferSM120Attention"
+        "deepseek_v41.nvidia.flashinfer_sparse.DeepseekV4FlashInferSM120Attention"
     )
     assert "SM120" in plan["kernel_path"]
     assert plan["kv_cache_dtype"] == "fp8_ds_mla"

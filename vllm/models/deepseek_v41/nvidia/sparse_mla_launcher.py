@@ -2,34 +2,19 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The sparse-MLA kernel call of DeepSeek V4.1's two-segment layers.
 
-Upstream's layers call FlashInfer's ``trtllm_batch_decode_sparse_mla_dsv4``
-wrapper by name. The fork binds that name to a launcher made here, which runs
-FlashInfer or, when the page policy chose it for this model, the fork's Triton
-kernel with the same contract, so upstream's forward code runs unchanged.
-
-The choice is per process: every DeepSeek V4.1 layer of a process belongs to
-one model on one GPU, and the layers record the policy's answer as they are
-built, before any forward.
+The SM120 attention layer calls :func:`launch` with FlashInfer's
+``trtllm_batch_decode_sparse_mla_dsv4`` keywords and the kernel the page
+policy chose for it when it was built: FlashInfer's SM120 kernel, or the
+portable Triton kernel with the same contract where FlashInfer has none for
+the GPU or the shape.
 """
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from vllm.utils import flashinfer as flashinfer_utils
 from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
-
-_kernel_path: str | None = None
-
-
-def use_kernel(kernel_path: str) -> None:
-    """Record the kernel the page policy chose for this process's model."""
-    global _kernel_path
-    _kernel_path = kernel_path
-
-
-def selected_kernel() -> str | None:
-    return _kernel_path
 
 
 def run_triton(
@@ -75,13 +60,8 @@ def run_triton(
     )
 
 
-def make_launcher(flashinfer_launcher: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap upstream's FlashInfer launcher so the policy's choice runs."""
-
-    def launch(**kwargs: Any) -> Any:
-        if _kernel_path == policy.TRITON:
-            return run_triton(**kwargs)
-        return flashinfer_launcher(**kwargs)
-
-    launch.flashinfer_launcher = flashinfer_launcher  # type: ignore[attr-defined]
-    return launch
+def launch(kernel_path: str, **kwargs: Any) -> Any:
+    """Run the decode kernel ``kernel_path`` names (a policy kernel name)."""
+    if kernel_path == policy.TRITON:
+        return run_triton(**kwargs)
+    return flashinfer_utils.flashinfer_trtllm_batch_decode_sparse_mla_dsv4(**kwargs)

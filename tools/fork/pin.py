@@ -2,13 +2,12 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The upstream release this fork is a delta over.
 
-This is the only place the pinned versions live. The runtime guard in
-``register()`` reads it, and the build and environment scripts under
-``tools/fork/`` load this file directly (it imports nothing, so it can be read
-without vLLM installed).
+This is the only place the pinned versions live. The build and environment
+scripts under ``tools/fork/`` load this file directly (it imports nothing, so
+it can be read without vLLM installed).
 """
 
-# vLLM release whose files the overlay adds to and whose classes it subclasses.
+# vLLM release whose files the fork edits in place and adds to.
 VLLM_VERSION = "0.30.0"
 # The upstream wheel the fork wheel is assembled from, checked before use.
 VLLM_WHEEL = "vllm-0.30.0-cp38-abi3-manylinux_2_28_x86_64.whl"

@@ -1,0 +1,24 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""PEP 517 backend: ``pip wheel --no-deps .`` and ``python -m build --wheel``
+at the repository root build the fork wheel.
+
+Like vLLM's precompiled route for Python-only changes, nothing is compiled:
+the wheel is the pinned upstream wheel with the fork's edits and modules
+(tools/fork/build_wheel.py), byte for byte what the main job builds.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.fork.build_wheel import build  # noqa: E402
+
+
+def get_requires_for_build_wheel(config_settings=None) -> list[str]:
+    return []
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None) -> str:
+    return build(Path(wheel_directory)).name

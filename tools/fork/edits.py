@@ -1,0 +1,335 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Every change the fork makes to files upstream vLLM already has.
+
+One declarative list. Each edit names the upstream file and the class or
+function it changes, finds its target by the smallest anchor unique there,
+and carries only the fork's own lines, which call into the fork's new modules
+(the page policy, the layers' negotiation, the kernel launcher). The build
+reads the pristine files from the pinned wheel and applies these
+(tools/fork/edit_engine.py); nothing upstream is stored here.
+
+``concern`` puts each edit into one patch of the upstream series
+(tools/fork/patch_series.py): ``pages`` (the page policy, the backend answers
+and the caches that use them), ``validation`` (start-up negotiation and the
+plan report), ``triton`` (the portable kernel and its routing).
+"""
+
+from tools.fork.edit_engine import (
+    ADD_TO_CLASS,
+    INSERT_AFTER,
+    INSERT_BEFORE,
+    REPLACE,
+    REPLACE_BODY,
+    Edit,
+)
+
+PAGES, VALIDATION, TRITON = "pages", "validation", "triton"
+CONCERNS = (PAGES, VALIDATION, TRITON)
+
+SWA = "vllm/v1/attention/backends/mla/sparse_swa.py"
+SPARSE_MLA = "vllm/models/deepseek_v41/sparse_mla.py"
+ATTENTION = "vllm/models/deepseek_v41/attention.py"
+FLASHINFER = "vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py"
+MODEL = "vllm/models/deepseek_v41/nvidia/model.py"
+
+FI_BACKEND = "DeepseekV4FlashInferMLASparseBackend"
+SM120_LAYER = "DeepseekV4FlashInferSM120Attention"
+
+EDITS: tuple[Edit, ...] = (
+    # ---- pages: the hooks, the policy's answers, the caches built from them
+    Edit(
+        SWA,
+        "DeepseekSparseSWABackend",
+        ADD_TO_CLASS,
+        '''
+        @classmethod
+        def get_swa_block_size(cls) -> int:
+            """Tokens per sliding-window page. Any multiple of 32 works for
+            kernels that take the page size at run time; a backend whose
+            kernels are built for one page size answers that size."""
+            return 32
+        ''',
+        PAGES,
+        "the SWA backend says which page the sliding-window cache gets",
+    ),
+    Edit(
+        SPARSE_MLA,
+        "DeepseekV4SparseMLABackend",
+        ADD_TO_CLASS,
+        '''
+        @classmethod
+        def get_compressed_block_size(cls, compress_ratio: int) -> int | None:
+            """Tokens per compressed-KV page for a layer of ``compress_ratio``;
+            None pages the cache with ``--block-size``."""
+            return None
+        ''',
+        PAGES,
+        "the sparse-MLA backend may fix the compressed-KV page",
+    ),
+    Edit(
+        ATTENTION,
+        "",
+        REPLACE,
+        """
+        from vllm.v1.attention.backends.mla.sparse_swa import (
+            DeepseekSparseSWABackend,
+            DeepseekV4SWACache,
+        )
+        """,
+        PAGES,
+        "import the SWA backend whose page the cache asks for",
+        anchor="from vllm.v1.attention.backends.mla.sparse_swa import "
+        "DeepseekV4SWACache",
+    ),
+    Edit(
+        ATTENTION,
+        "DeepseekV4Attention.__init__",
+        REPLACE,
+        """
+        block_size=(
+            self.swa_backend_cls or DeepseekSparseSWABackend
+        ).get_swa_block_size(),
+        """,
+        PAGES,
+        "the sliding-window cache is built with its backend's page",
+        anchor="block_size=32,",
+    ),
+    Edit(
+        ATTENTION,
+        "DeepseekV4Attention.get_kv_cache_spec",
+        REPLACE,
+        """
+        block_size=(
+            self.backend_cls.get_compressed_block_size(self.compress_ratio)
+            or vllm_config.cache_config.block_size
+        ),
+        """,
+        PAGES,
+        "the compressed-KV spec takes the backend's page when it fixes one",
+        anchor="block_size=vllm_config.cache_config.block_size,",
+    ),
+    Edit(
+        FLASHINFER,
+        "",
+        INSERT_AFTER,
+        """
+        from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
+        """,
+        PAGES,
+        "the backends answer from the layers' negotiation module",
+        anchor="from vllm.models.deepseek_v41.common.ops import",
+    ),
+    Edit(
+        FLASHINFER,
+        f"{FI_BACKEND}.get_supported_kernel_block_sizes",
+        INSERT_BEFORE,
+        """
+        # Kernels built for fixed pages (FlashInfer's SM120 ones before 0.7)
+        # take the policy's compressed-KV pages, not only upstream's.
+        if sizes := sparse_mla_negotiation.compressed_kernel_block_sizes():
+            return sizes
+        """,
+        PAGES,
+        "kernel page sizes come from the page policy",
+        anchor="return [128]",
+    ),
+    Edit(
+        FLASHINFER,
+        FI_BACKEND,
+        ADD_TO_CLASS,
+        """
+        @classmethod
+        def get_preferred_block_size(cls, default_block_size: int) -> int:
+            return sparse_mla_negotiation.preferred_block_size(
+                default_block_size, cls.get_supported_kernel_block_sizes()
+            )
+
+        @classmethod
+        def get_compressed_block_size(cls, compress_ratio: int) -> int | None:
+            return sparse_mla_negotiation.compressed_block_size(compress_ratio)
+        """,
+        PAGES,
+        "preferred --block-size and compressed-KV pages from the policy",
+    ),
+    Edit(
+        FLASHINFER,
+        "",
+        INSERT_AFTER,
+        '''
+        class DeepseekSparseSWAFlashInferSM120Backend(DeepseekSparseSWAFlashInferBackend):
+            """Sliding-window cache of the two-segment layer, paged as the page
+            policy says (64 tokens for FlashInfer's fixed-page SM120 kernels)."""
+
+            @classmethod
+            def get_swa_block_size(cls) -> int:
+                if size := sparse_mla_negotiation.swa_block_size():
+                    return size
+                return super().get_swa_block_size()
+
+            @staticmethod
+            def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+                if size := sparse_mla_negotiation.swa_block_size():
+                    return [size]
+                return DeepseekSparseSWAFlashInferBackend.get_supported_kernel_block_sizes()
+
+            @classmethod
+            def get_preferred_block_size(cls, default_block_size: int) -> int:
+                if size := sparse_mla_negotiation.swa_block_size():
+                    return size
+                return super().get_preferred_block_size(default_block_size)
+        ''',
+        PAGES,
+        "an SWA backend for the two-segment layer with the policy's page",
+        anchor="class DeepseekSparseSWAFlashInferBackend(",
+    ),
+    Edit(
+        FLASHINFER,
+        SM120_LAYER,
+        REPLACE,
+        "swa_backend_cls = DeepseekSparseSWAFlashInferSM120Backend",
+        PAGES,
+        "the two-segment layer pages its SWA cache as the policy says",
+        anchor="swa_backend_cls = DeepseekSparseSWAFlashInferBackend",
+    ),
+    # ---- validation: negotiate before any cache is built
+    Edit(
+        SPARSE_MLA,
+        "DeepseekV4SparseMLABackend",
+        ADD_TO_CLASS,
+        '''
+        @classmethod
+        def negotiate(cls, vllm_config: VllmConfig, attention_cls: type) -> Any:
+            """Check a layer of ``attention_cls`` against what this backend's
+            kernels serve before it builds any cache; raise the fix for an
+            unserved configuration. Returns what the layer needs to know."""
+            return None
+        ''',
+        VALIDATION,
+        "a backend can refuse a configuration while the layers are built",
+    ),
+    Edit(
+        ATTENTION,
+        "DeepseekV4Attention.__init__",
+        INSERT_AFTER,
+        """
+        # Before any cache or kernel is set up: an unserved configuration
+        # fails here with one message saying how to fix it.
+        self.sparse_mla_geometry = self.backend_cls.negotiate(vllm_config, type(self))
+        """,
+        VALIDATION,
+        "every DeepSeek V4.1 layer negotiates with its backend first",
+        anchor="super().__init__()",
+    ),
+    Edit(
+        FLASHINFER,
+        FI_BACKEND,
+        ADD_TO_CLASS,
+        """
+        @classmethod
+        def negotiate(
+            cls, vllm_config: VllmConfig, attention_cls: type
+        ) -> sparse_mla_negotiation.LayerGeometry:
+            return sparse_mla_negotiation.negotiate_layer(vllm_config, attention_cls)
+        """,
+        VALIDATION,
+        "the FlashInfer backend negotiates through the page policy",
+    ),
+    Edit(
+        FLASHINFER,
+        f"{FI_BACKEND}.supports_compute_capability",
+        REPLACE,
+        "sparse_mla_negotiation.supports_compute_capability(capability)",
+        VALIDATION,
+        "the GPUs the backend runs on are the policy's",
+        anchor="capability.major in [10, 12]",
+    ),
+    Edit(
+        FLASHINFER,
+        f"{FI_BACKEND}.supports_combination",
+        REPLACE_BODY,
+        """
+        # The same check start-up makes, so the two cannot disagree.
+        return sparse_mla_negotiation.unsupported_reason(
+            device_capability, kv_cache_dtype
+        )
+        """,
+        VALIDATION,
+        "supports_combination asks the same validation as start-up",
+    ),
+    # ---- triton: the portable kernel where FlashInfer has none
+    Edit(
+        FLASHINFER,
+        "",
+        REPLACE,
+        "import sparse_mla_launcher, sparse_mla_negotiation",
+        TRITON,
+        "the two-segment layer runs its kernel through the launcher",
+        anchor="import sparse_mla_negotiation",
+    ),
+    Edit(
+        FLASHINFER,
+        f"{SM120_LAYER}.__init__",
+        REPLACE,
+        "",
+        TRITON,
+        "the shape probe is the negotiated geometry's",
+        anchor="from vllm.utils.flashinfer import "
+        "has_flashinfer_sparse_mla_sm120_config",
+    ),
+    Edit(
+        FLASHINFER,
+        f"{SM120_LAYER}.__init__",
+        REPLACE,
+        "self.sparse_mla_geometry.serves(",
+        TRITON,
+        "a shape FlashInfer lacks is served by the Triton kernel the policy chose",
+        anchor="has_flashinfer_sparse_mla_sm120_config(",
+    ),
+    Edit(
+        FLASHINFER,
+        SM120_LAYER,
+        ADD_TO_CLASS,
+        '''
+        def _sparse_mla_decode(self, **kwargs) -> torch.Tensor:
+            """The kernel the page policy chose for this layer when it was built."""
+            return sparse_mla_launcher.launch(
+                self.sparse_mla_geometry.kernel_path, **kwargs
+            )
+        ''',
+        TRITON,
+        "each layer runs the kernel negotiated for it",
+    ),
+    Edit(
+        FLASHINFER,
+        f"{SM120_LAYER}._forward_decode",
+        REPLACE,
+        "self._sparse_mla_decode(",
+        TRITON,
+        "decode goes through the layer's kernel",
+        anchor="flashinfer_trtllm_batch_decode_sparse_mla_dsv4(",
+    ),
+    Edit(
+        FLASHINFER,
+        f"{SM120_LAYER}._forward_prefill",
+        REPLACE,
+        "self._sparse_mla_decode(",
+        TRITON,
+        "prefill goes through the layer's kernel",
+        anchor="flashinfer_trtllm_batch_decode_sparse_mla_dsv4(",
+    ),
+    Edit(
+        MODEL,
+        "_select_dsv4_attn_cls",
+        INSERT_BEFORE,
+        """
+        if device_capability is not None and device_capability.major != 10:
+            # Off SM10x the two-segment layer runs, on FlashInfer's SM120
+            # kernels or the portable Triton kernel (SM89, SM90).
+            return DeepseekV4FlashInferSM120Attention
+        """,
+        TRITON,
+        "FLASHINFER_MLA_SPARSE_DSV41 off Blackwell runs the two-segment layer",
+        anchor="return DeepseekV4FlashInferMLAAttention",
+    ),
+)

@@ -1,0 +1,43 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The fork's files: upstream files with the in-place edits applied, plus the
+fork's new modules.
+
+Both the fork wheel and the development venv are made from this one answer,
+so they cannot differ.
+"""
+
+import zipfile
+from pathlib import Path
+
+from tools.fork.common import REPO, load_pin, log, overlay_files
+from tools.fork.edit_engine import apply_edits
+from tools.fork.edits import EDITS
+
+
+def edited_upstream_files(wheel: Path) -> dict[str, bytes]:
+    """Each upstream file the edits change, edited, keyed by its wheel path."""
+    with zipfile.ZipFile(wheel) as src:
+        names = set(src.namelist())
+
+        def read(path: str) -> str:
+            if path not in names:
+                raise SystemExit(f"{path}: not in {wheel.name}; the edit list names it")
+            return src.read(path).decode()
+
+        edited = apply_edits(read, EDITS, load_pin().VLLM_VERSION)
+    return {path: text.encode() for path, text in edited.items()}
+
+
+def new_files() -> dict[str, bytes]:
+    """The fork's own modules, keyed by their path in the vllm package."""
+    return {str(p): (REPO / p).read_bytes() for p in overlay_files()}
+
+
+def fork_files(wheel: Path) -> dict[str, bytes]:
+    """Every file the fork adds to or changes in the upstream wheel."""
+    edited = edited_upstream_files(wheel)
+    log(f"in-place edits: {len(EDITS)} edits in {len(edited)} upstream files")
+    for path in sorted(edited):
+        log(f"  edited {path}")
+    return {**edited, **new_files()}

@@ -1,0 +1,191 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""What DeepSeek V4.1's FlashInfer sparse-MLA layers and backends ask the
+page policy.
+
+The backends in ``flashinfer_sparse.py`` answer vLLM's static questions
+(kernel page sizes, preferred ``--block-size``, the sliding-window and
+compressed-KV pages) from here, and every attention layer negotiates here
+before it builds a cache, so a configuration no kernel serves fails at
+start-up with the policy's message instead of at the first request.
+
+Nothing here imports ``flashinfer_sparse``: that module imports this one.
+"""
+
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.logger import init_logger
+from vllm.models.deepseek_v41.attention import _resolve_dsv4_kv_cache_dtype
+from vllm.platforms import current_platform
+from vllm.platforms.interface import DeviceCapability
+from vllm.v1.attention.backend import MultipleOf
+from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+from vllm.v1.attention.backends.mla.compressor_utils import (
+    get_dspark_swa_index_width,
+)
+from vllm.v1.attention.backends.mla.sparse_mla_page_policy import LayerGeometry
+
+logger = init_logger(__name__)
+
+# DeepSeek V4.1 layers: 0 = sliding window only, 1 and 2 = compressed KV.
+DSV41_COMPRESS_RATIOS = (1, 2)
+
+
+def current_page_plan() -> policy.PagePlan | None:
+    """The page plan for this process's GPU; None when there is none to plan
+    for (no GPU, or an architecture the backend refuses)."""
+    capability = current_platform.get_device_capability()
+    if capability is None:
+        return None
+    try:
+        return policy.plan_pages(capability)
+    except policy.UnsupportedSparseMLAConfig:
+        return None
+
+
+def swa_topks(
+    window_size: int, use_non_causal: bool, num_speculative_tokens: int | None
+) -> tuple[int, ...]:
+    """SWA index widths the decode kernels will see for this model."""
+    if use_non_causal and num_speculative_tokens:
+        # Non-causal DSpark verification widens every SWA row.
+        return (get_dspark_swa_index_width(window_size, num_speculative_tokens),)
+    return (window_size,)
+
+
+def negotiate_for_model(
+    capability: DeviceCapability,
+    hf_config: Any,
+    *,
+    tensor_parallel_size: int,
+    kv_cache_dtype: str,
+    uses_fp8_ds_mla_layout: bool,
+    use_non_causal: bool = False,
+    num_speculative_tokens: int | None = None,
+    envelope: policy.SM120Envelope | None = None,
+) -> LayerGeometry:
+    """The negotiated geometry of a DeepSeek V4.1 model on ``capability``."""
+    # Resolve "auto"/"fp8" the way the attention layer will before checking.
+    # The dtype check gives the clearer message for layouts that refuse it.
+    try:
+        resolved, _ = _resolve_dsv4_kv_cache_dtype(
+            uses_fp8_ds_mla_layout, kv_cache_dtype, None
+        )
+    except ValueError:
+        resolved = kv_cache_dtype
+    return policy.negotiate(
+        capability,
+        num_local_heads=hf_config.num_attention_heads // tensor_parallel_size,
+        kv_cache_dtype=resolved,
+        swa_topks=swa_topks(
+            hf_config.sliding_window, use_non_causal, num_speculative_tokens
+        ),
+        envelope=envelope,
+    )
+
+
+def check_block_size(block_size: int) -> None:
+    """Refuse a ``--block-size`` the indexer K caches cannot be paged with.
+
+    The compressed-KV and sliding-window caches get their own pages, but the
+    indexer K caches keep ``--block-size``; its kernels take fixed pages, so
+    a size they cannot split would only fail when the worker lays out the
+    cache.
+    """
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
+
+    if DeepseekV41IndexerBackend.supports_block_size(block_size):
+        return
+    sizes = [
+        s.base if isinstance(s, MultipleOf) else s
+        for s in DeepseekV41IndexerBackend.get_supported_kernel_block_sizes()
+    ]
+    raise policy.UnsupportedSparseMLAConfig(
+        f"--block-size {block_size} cannot page DeepSeek V4.1's indexer K "
+        f"caches, whose kernels take pages of {sizes} tokens on this GPU. Use a "
+        f"multiple of {max(sizes)} (or leave --block-size unset)."
+    )
+
+
+def negotiate_layer(vllm_config: VllmConfig, attention_cls: type) -> LayerGeometry:
+    """Negotiate for a layer of ``attention_cls`` about to be built; raises
+    the policy's error for a configuration no kernel serves."""
+    capability = current_platform.get_device_capability()
+    if capability is None:
+        raise policy.UnsupportedSparseMLAConfig(
+            f"{policy.BACKEND_NAME} needs a CUDA GPU; none was found."
+        )
+    speculative = vllm_config.speculative_config
+    geometry = negotiate_for_model(
+        capability,
+        vllm_config.model_config.hf_config,
+        tensor_parallel_size=get_tensor_model_parallel_world_size(),
+        kv_cache_dtype=vllm_config.cache_config.cache_dtype,
+        uses_fp8_ds_mla_layout=attention_cls.use_fp8_ds_mla_layout,
+        use_non_causal=vllm_config.attention_config.use_non_causal,
+        num_speculative_tokens=(
+            speculative.num_speculative_tokens if speculative else None
+        ),
+    )
+    check_block_size(vllm_config.cache_config.block_size)
+    if geometry.fallback_reason:
+        logger.warning_once(geometry.fallback_reason)
+    return geometry
+
+
+def compressed_kernel_block_sizes() -> list[int | MultipleOf]:
+    """Compressed-KV page sizes (tokens) this GPU's kernels take, largest
+    first; empty when the plan keeps upstream's pages."""
+    plan = current_page_plan()
+    return list(plan.kernel_block_sizes(DSV41_COMPRESS_RATIOS)) if plan else []
+
+
+def preferred_block_size(
+    default_block_size: int, kernel_block_sizes: list[int | MultipleOf]
+) -> int:
+    """The ``--block-size`` to use when the user set none.
+
+    ``--block-size`` also sizes the indexer K caches, whose kernels take
+    128-token pages on Blackwell, so the default stays when a compressed-KV
+    kernel takes it, else the largest page one does.
+    """
+    sizes = [s.base if isinstance(s, MultipleOf) else s for s in kernel_block_sizes]
+    return default_block_size if default_block_size in sizes else max(sizes)
+
+
+def compressed_block_size(compress_ratio: int) -> int | None:
+    """Tokens per compressed-KV page for a layer of ``compress_ratio`` on
+    this GPU; None keeps ``--block-size``."""
+    plan = current_page_plan()
+    return plan.compressed_block_size(compress_ratio) if plan else None
+
+
+def swa_block_size() -> int | None:
+    """Tokens per sliding-window page the plan fixes; None: the kernels take
+    upstream's page."""
+    plan = current_page_plan()
+    if plan is None or plan.compressed_states is None:
+        return None
+    return plan.swa_block_size
+
+
+def supports_compute_capability(capability: DeviceCapability) -> bool:
+    try:
+        policy.plan_pages(capability)
+    except policy.UnsupportedSparseMLAConfig:
+        return False
+    return True
+
+
+def unsupported_reason(
+    capability: DeviceCapability, kv_cache_dtype: str | None
+) -> str | None:
+    """Why the backend cannot run on ``capability`` with this cache dtype."""
+    try:
+        policy.plan_pages(capability)
+        policy.check_kv_cache_dtype(capability, kv_cache_dtype or "auto")
+    except policy.UnsupportedSparseMLAConfig as e:
+        return str(e)
+    return None
