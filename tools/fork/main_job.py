@@ -52,7 +52,7 @@ def main() -> None:
         )
         for capability in PLAN_CAPABILITIES:
             subprocess.run(
-                [python, "-m", "vllm.models.deepseek_v4_1.report", "plan",
+                [python, "-m", "vllm.models.deepseek_v41.report", "plan",
                  "--capability", capability],
                 check=True, cwd=cwd,
             )  # fmt: skip

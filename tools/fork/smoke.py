@@ -4,49 +4,65 @@
 
     <venv>/bin/python tools/fork/smoke.py
 
-Exits non-zero unless the installed vLLM is the fork wheel, the overlay is
-imported from it, vLLM's own plugin loader activates the fork, and loading
-the DeepSeek V4.1 model's modules binds the fork into them.
+Exits non-zero unless the installed vLLM is the fork wheel and a fresh
+interpreter of it, with vLLM's plugins disabled (``VLLM_PLUGINS=``), builds
+the fork's classes: the edited upstream modules and the new ones come from
+the installed package, nothing is bound at run time.
 """
 
 import importlib.metadata
+import os
+import subprocess
 import sys
 from pathlib import Path
 
+CHECKS = """
+import importlib.metadata, sys
+from pathlib import Path
+import vllm
+from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
+from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as seed_path
+
+site = Path(vllm.__file__).resolve().parent
+failures = []
+for module in (fi, sparse_mla_negotiation, seed_path):
+    if site not in Path(module.__file__).resolve().parents:
+        failures.append(f"{module.__name__} imported from {module.__file__}")
+layer = fi.DeepseekV4FlashInferSM120Attention
+swa_backend = getattr(fi, "DeepseekSparseSWAFlashInferSM120Backend", None)
+if layer.swa_backend_cls is not swa_backend:
+    failures.append("the SM120 layer does not page its SWA cache through the policy")
+if not hasattr(fi.DeepseekV4FlashInferMLASparseBackend, "get_compressed_block_size"):
+    failures.append("the FlashInfer backend has no get_compressed_block_size")
+backend = fi.DeepseekV4FlashInferMLASparseBackend
+if seed_path.DeepseekV4FlashInferMLASparseBackend is not backend:
+    failures.append("the seed import path names other classes")
+plugins = [
+    e.value for e in importlib.metadata.entry_points(group="vllm.general_plugins")
+    if "deepseek" in e.value
+]
+if plugins:
+    failures.append(f"a DeepSeek plugin entry point is installed: {plugins}")
+modules = sorted(m for m in sys.modules if m.startswith("vllm.plugins.deepseek"))
+if modules:
+    failures.append(f"plugin modules were imported: {modules}")
+for failure in failures:
+    print(f"SMOKE FAIL: {failure}", file=sys.stderr)
+sys.exit(1 if failures else 0)
+"""
+
 
 def main() -> None:
-    import vllm
-    import vllm.plugins
-    from vllm.plugins import deepseek_v4_1_blackwell as fork
-    from vllm.plugins.deepseek_v4_1_blackwell.pin import LOCAL_VERSION_TAG
-
     installed = importlib.metadata.version("vllm")
-    site = Path(vllm.__file__).resolve().parent
-    overlay = Path(fork.__file__).resolve()
-    failures = []
-    if not installed.endswith("+" + LOCAL_VERSION_TAG):
-        failures.append(f"installed vllm is {installed}, not the fork wheel")
-    if site not in overlay.parents:
-        failures.append(f"overlay imported from {overlay}, outside {site}")
-    vllm.plugins.load_general_plugins()
-    if not fork._registered:
-        failures.append("vLLM's plugin loader did not activate the fork")
-    # The bindings into the model's modules apply as those modules load.
-    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse, model
-    from vllm.plugins.deepseek_v4_1_blackwell.hooks import _WRAPPED
-
-    launcher = flashinfer_sparse.flashinfer_trtllm_batch_decode_sparse_mla_dsv4
-    for name, bound in (
-        ("_select_dsv4_attn_cls", model._select_dsv4_attn_cls),
-        ("flashinfer_trtllm_batch_decode_sparse_mla_dsv4", launcher),
-    ):
-        if not getattr(bound, _WRAPPED, False):
-            failures.append(f"{name} was not bound when the model loaded")
-    for failure in failures:
-        print(f"SMOKE FAIL: {failure}", file=sys.stderr)
-    if failures:
+    if "+" not in installed:
+        print(f"SMOKE FAIL: installed vllm is {installed}, not a fork wheel")
         sys.exit(1)
-    print(f"smoke ok: vllm {installed} from {site}; fork plugin active")
+    env = {**os.environ, "VLLM_PLUGINS": ""}
+    result = subprocess.run([sys.executable, "-c", CHECKS], env=env, cwd=Path.cwd())
+    if result.returncode:
+        sys.exit(result.returncode)
+    print(f"smoke ok: vllm {installed}; the fork's classes load with no plugin")
 
 
 if __name__ == "__main__":

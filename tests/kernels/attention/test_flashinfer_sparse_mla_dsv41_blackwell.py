@@ -65,7 +65,8 @@ from tests.v1.attention.dsv41.test_attention_forward_cpu import (
 from tests.v1.attention.dsv41.test_attention_forward_cpu import (
     _make_layer as make_forward_layer,
 )
-from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as fork
+from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 
@@ -138,7 +139,8 @@ def _compressed_states(plan: policy.PagePlan, ratio: int) -> int:
     the compressed-KV cache (negotiated, else the kernel's block size)."""
     tokens = plan.compressed_block_size(ratio)
     if tokens is None:
-        tokens = fork.preferred_block_size(plan, 128)
+        backend = fi.DeepseekV4FlashInferMLASparseBackend
+        tokens = backend.get_preferred_block_size(128)
     return tokens // ratio
 
 
@@ -512,12 +514,12 @@ def test_sm12x_upstream_swa_page_refused_negotiated_page_served(
 def _forward_on_gpu(
     name: str, monkeypatch: pytest.MonkeyPatch, force_kernel: str | None = None
 ) -> None:
-    """``forward_mqa`` of the fork class, with upstream's launcher name bound
-    to the fork's dispatcher (as the plugin binds it), the kernel the page
-    policy picks for this GPU and shape (or ``force_kernel``), and upstream's
-    Triton index builders. Only the forward context is a stand-in."""
-    from vllm.models.deepseek_v4_1.nvidia import sparse_mla_launcher
-    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as upstream
+    """``forward_mqa`` of the layer class with the kernel the page policy
+    negotiates for this GPU and shape (or ``force_kernel``), the real
+    launcher and upstream's Triton index builders. Only the forward context
+    is a stand-in."""
+    from vllm.models.deepseek_v41.nvidia import sparse_mla_launcher
+    from vllm.utils import flashinfer as flashinfer_utils
 
     case = FORWARD_CASES[name]
     capability = _capability()
@@ -535,11 +537,11 @@ def _forward_on_gpu(
             )
     case = dataclasses.replace(case, swa_page=plan.swa_block_size)
     layer_cls = (
-        fork.DeepseekV4FlashInferSM120Attention
+        fi.DeepseekV4FlashInferSM120Attention
         if case.cls == "sm120"
-        else fork.DeepseekV4FlashInferMLAAttention
+        else fi.DeepseekV4FlashInferMLAAttention
     )
-    geometry = fork.negotiate_for_model(
+    geometry = sparse_mla_negotiation.negotiate_for_model(
         capability,
         SimpleNamespace(num_attention_heads=case.heads, sliding_window=WINDOW),
         tensor_parallel_size=1,
@@ -560,6 +562,7 @@ def _forward_on_gpu(
                 setattr(metadata, key, _to_gpu(value))
     layer = make_forward_layer(world)
     assert type(layer) is layer_cls
+    layer.sparse_mla_geometry = dataclasses.replace(geometry, kernel_path=kernel)
 
     for klass in type(layer).__mro__:
         module = sys.modules.get(klass.__module__)
@@ -571,7 +574,7 @@ def _forward_on_gpu(
             )
     # Which kernel ran, and on which SWA page.
     calls: list[tuple[str, int]] = []
-    flashinfer = getattr(upstream, LAUNCHER_NAME)
+    flashinfer = getattr(flashinfer_utils, LAUNCHER_NAME)
     run_triton = sparse_mla_launcher.run_triton
 
     def flashinfer_counting(**kwargs: Any) -> Any:
@@ -583,10 +586,10 @@ def _forward_on_gpu(
         return run_triton(**kwargs)
 
     monkeypatch.setattr(sparse_mla_launcher, "run_triton", triton_counting)
-    monkeypatch.setattr(sparse_mla_launcher, "_kernel_path", kernel)
-    monkeypatch.setattr(
-        upstream, LAUNCHER_NAME, sparse_mla_launcher.make_launcher(flashinfer_counting)
-    )
+    # The SM120 layer reaches FlashInfer through the launcher, the SM10x layer
+    # through its module's own import.
+    for module in (flashinfer_utils, fi):
+        monkeypatch.setattr(module, LAUNCHER_NAME, flashinfer_counting)
 
     output = torch.full(
         (world.q.shape[0], world.padded_heads, D),
@@ -641,7 +644,7 @@ def test_sm10x_forward_through_fork_class(
 
 
 def _triton_forward_skip_reason() -> str | None:
-    reason = _skip_reason(None, "fork's Triton kernel path", needs_flashinfer=False)
+    reason = _skip_reason(None, "the Triton kernel path", needs_flashinfer=False)
     capability = _capability()
     if reason is None and capability is not None:
         if policy.is_sm100(capability):

@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The SM120 layer runs the kernel its negotiation chose."""
+
+from types import SimpleNamespace
+
+from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+
+
+def test_launcher_runs_the_layers_kernel(monkeypatch):
+    from vllm.models.deepseek_v41.nvidia import sparse_mla_launcher
+    from vllm.utils import flashinfer as flashinfer_utils
+
+    ran = []
+    monkeypatch.setattr(
+        sparse_mla_launcher, "run_triton", lambda **kw: ran.append(("triton", kw))
+    )
+    monkeypatch.setattr(
+        flashinfer_utils,
+        "flashinfer_trtllm_batch_decode_sparse_mla_dsv4",
+        lambda **kw: ran.append(("flashinfer", kw)),
+    )
+    layer = object.__new__(fi.DeepseekV4FlashInferSM120Attention)
+    for kernel, expected in (
+        (policy.TRITON, "triton"),
+        (policy.FLASHINFER_SM120, "flashinfer"),
+    ):
+        layer.sparse_mla_geometry = SimpleNamespace(kernel_path=kernel)
+        layer._sparse_mla_decode(query=kernel)
+        assert ran[-1] == (expected, {"query": kernel})
