@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The fork wheel is upstream's wheel plus the overlay, and it installs."""
+"""The fork wheel is upstream's wheel edited in place plus the new modules,
+and a fresh interpreter of it is the fork."""
 
 import base64
-import configparser
 import csv
 import hashlib
 import io
 import subprocess
+import sys
 import tempfile
 import zipfile
 
@@ -15,6 +16,7 @@ import pytest
 
 from tools.fork import build_wheel
 from tools.fork.common import REPO, load_pin, overlay_files
+from tools.fork.fork_tree import edited_upstream_files
 
 pytestmark = pytest.mark.slow
 
@@ -41,15 +43,23 @@ def test_name_and_version(fork_wheel):
     assert f"\nVersion: {pin.VLLM_VERSION}+{pin.LOCAL_VERSION_TAG}\n" in metadata
 
 
-def test_upstream_files_are_byte_identical(fork_wheel, upstream_wheel_path):
+def test_upstream_files_are_byte_identical_but_the_edited_ones(
+    fork_wheel, upstream_wheel_path
+):
     pin = load_pin()
     upstream_info = f"vllm-{pin.VLLM_VERSION}.dist-info/"
+    edited = edited_upstream_files(upstream_wheel_path)
+    assert len(edited) >= 5
     ours = _entries(fork_wheel)
     with zipfile.ZipFile(upstream_wheel_path) as up, zipfile.ZipFile(fork_wheel) as fw:
         for info in up.infolist():
             if info.filename.startswith(upstream_info):
                 continue
             assert info.filename in ours, info.filename
+            if info.filename in edited:
+                assert fw.read(info.filename) == edited[info.filename]
+                assert fw.read(info.filename) != up.read(info.filename)
+                continue
             # Stream both and compare digests; the compiled parts are ~770 MB.
             digests = []
             for zf in (up, fw):
@@ -62,20 +72,29 @@ def test_upstream_files_are_byte_identical(fork_wheel, upstream_wheel_path):
         assert fw.testzip() is None
 
 
-def test_overlay_files_and_entry_point(fork_wheel):
+def test_new_modules_and_upstreams_entry_points(fork_wheel, upstream_wheel_path):
     pin = load_pin()
-    info = f"vllm-{pin.VLLM_VERSION}+{pin.LOCAL_VERSION_TAG}.dist-info/"
-    with zipfile.ZipFile(fork_wheel) as zf:
+    ours = f"vllm-{pin.VLLM_VERSION}+{pin.LOCAL_VERSION_TAG}.dist-info/"
+    theirs = f"vllm-{pin.VLLM_VERSION}.dist-info/"
+    with zipfile.ZipFile(fork_wheel) as zf, zipfile.ZipFile(upstream_wheel_path) as up:
         for path in overlay_files():
             assert zf.read(str(path)) == (REPO / path).read_bytes(), path
-        parser = configparser.ConfigParser()
-        parser.read_string(zf.read(info + "entry_points.txt").decode())
-    plugins = dict(parser["vllm.general_plugins"])
-    assert plugins["deepseek_v4_1_blackwell"] == (
-        "vllm.plugins.deepseek_v4_1_blackwell:register"
+        # No plugin: the entry points are upstream's, byte for byte.
+        assert zf.read(ours + "entry_points.txt") == up.read(
+            theirs + "entry_points.txt"
+        )
+
+
+def test_pip_wheel_builds_the_same_bytes(fork_wheel, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path, REPO],
+        capture_output=True,
+        text=True,
     )
-    # Upstream's own plugins survive.
-    assert "lora_filesystem_resolver" in plugins
+    assert result.returncode == 0, result.stderr[-3000:]
+    (built,) = tmp_path.glob("*.whl")
+    assert built.name == fork_wheel.name
+    assert built.read_bytes() == fork_wheel.read_bytes()
 
 
 def test_record_matches_contents(fork_wheel):
@@ -96,7 +115,7 @@ def test_record_matches_contents(fork_wheel):
             assert int(size) == len(data), name
 
 
-def test_installs_and_vllm_loads_the_plugin(fork_wheel):
+def test_installed_wheel_is_the_fork_with_no_plugin(fork_wheel):
     from tools.fork.main_job import install_fresh
 
     python = install_fresh(fork_wheel)
@@ -108,4 +127,4 @@ def test_installs_and_vllm_loads_the_plugin(fork_wheel):
             text=True,
         )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "fork plugin active" in result.stdout
+    assert "the fork's classes load with no plugin" in result.stdout

@@ -333,3 +333,22 @@ EDITS: tuple[Edit, ...] = (
         anchor="return DeepseekV4FlashInferMLAAttention",
     ),
 )
+
+
+def markdown_table() -> str:
+    """The edit list as the table docs/upstream-pr.md carries."""
+    rows = [
+        "| patch | upstream file | function or class | what the edit does |",
+        "| --- | --- | --- | --- |",
+    ]
+    for edit in EDITS:
+        scope = f"`{edit.scope}`" if edit.scope else "module"
+        rows.append(
+            f"| {CONCERNS.index(edit.concern) + 1} | `{edit.file}` | {scope} "
+            f"| {edit.why} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The main job: build the fork wheel, install it into a clean venv, smoke it.
+"""The main job: build the fork wheel and the upstream patch series, install
+the wheel into a clean venv, smoke it and print what it will do.
 
     python3 tools/fork/main_job.py
 
-The venv (``.venv-wheel``) is rebuilt whenever the wheel's bytes change (the
-build is reproducible, so an unchanged overlay reuses it). The smoke check and
+It prints which upstream files the in-place edits change, writes the wheel to
+``dist/`` and the patch series to ``dist/patches/vllm-<version>/``. The venv
+(``.venv-wheel``) is rebuilt whenever the wheel's bytes change (the build is
+reproducible, so unchanged sources reuse it). The smoke check and
 the page-size plans run from the installed wheel, not from this checkout.
 """
 
@@ -19,7 +22,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.fork.build_wheel import build  # noqa: E402
-from tools.fork.common import REPO, log, provision_venv, sha256_of, venv_python  # noqa: E402
+from tools.fork.common import (  # noqa: E402
+    REPO,
+    load_pin,
+    log,
+    provision_venv,
+    sha256_of,
+    venv_python,
+)
+from tools.fork.patch_series import generate  # noqa: E402
 
 WHEEL_VENV = REPO / ".venv-wheel"
 # The architectures whose plan the main job prints: B200, RTX PRO 6000, GB10.
@@ -44,6 +55,7 @@ def install_fresh(wheel: Path, venv: Path = WHEEL_VENV) -> Path:
 
 def main() -> None:
     wheel = build(REPO / "dist")
+    patches = generate(REPO / "dist" / "patches" / f"vllm-{load_pin().VLLM_VERSION}")
     python = install_fresh(wheel)
     # Run outside the checkout so nothing can be imported from it.
     with tempfile.TemporaryDirectory() as cwd:
@@ -57,6 +69,8 @@ def main() -> None:
                 check=True, cwd=cwd,
             )  # fmt: skip
     log(f"fork wheel ready: {wheel}")
+    for patch in patches:
+        log(f"upstream patch: {patch.relative_to(REPO)}")
 
 
 if __name__ == "__main__":
