@@ -1,14 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Time the Triton DSV4 sparse-MLA kernel against its roofline floor and a
-PyTorch gather + dequantize + matmul baseline.
+"""Time the Triton DSV4 sparse-MLA kernel against its roofline floor, a
+PyTorch gather + dequantize + matmul baseline and, where it can be built,
+FlashMLA's SM90 DeepSeek-V4 ("MODEL1") sparse FP8 decode on the same pages.
 
-Decode: tokens {1, 8, 32, 128, 256} x heads {16, 64, 128}, each token with an
-SWA segment of 128 and a compressed top-k segment of 512 candidates, packed
-FP8 (584-byte fp8_ds_mla) records. Prefill: one larger token count.
+Decode: tokens {1, 2, 4, 8, 32, 128, 256} x heads {16, 64, 128}, each token
+with an SWA segment of 128 and a compressed top-k segment of 512 candidates,
+packed FP8 (584-byte fp8_ds_mla) records, sinks on. Prefill: one larger
+token count. Accuracy of every kernel is against a float64 reference over
+the dequantised rows.
 
     python benchmarks/kernels/benchmark_dsv41_sparse_mla.py \
-        --out-dir benchmarks/results [--sweep]
+        --out-dir benchmarks/results [--flashmla-src .peers/src] [--sweep]
+
+FlashMLA (``--flashmla-src``, see build_flashmla_peer.py) is built from its
+sources and timed on the same pools, slot ids, lengths and sinks, each token
+as its own batch entry; its per-batch planning (the scheduler kernel that
+get_mla_metadata's first call runs) is made once, outside the timed region,
+and so are its buffers and the padding of fewer than 64 heads to 64.
 
 Writes dsv41_sparse_mla_<gpu>.json and .md (and a roofline PNG where
 matplotlib is present; otherwise draw it later with
@@ -17,6 +26,7 @@ benchmarks/kernels/plot_dsv41_sparse_mla_roofline.py).
 
 import argparse
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -26,12 +36,11 @@ import sys
 import torch
 import triton
 
-from vllm.v1.attention.ops.triton_dsv41_sparse_mla import (
-    _default_splits,
-    _default_tile,
-    _launch,
-    _max_shared_bytes,
-)
+import vllm.v1.attention.ops.triton_dsv41_sparse_mla as kernel_module
+
+# The kernel module under test; --kernel swaps in another copy of it (a
+# variant file) for side-by-side timing of versions in one run.
+K = kernel_module
 
 # Ceilings measured on this workplace's H200 (device copy and dense BF16 GEMM).
 PEAK_BW = 4.3e12
@@ -94,7 +103,7 @@ def make_inputs(tokens: int, heads: int, seed: int = 0):
 
 
 def run_triton(x, **cfg):
-    return _launch(
+    return K._launch(
         x["query"],
         x["swa"],
         x["swa_idx"],
@@ -150,12 +159,12 @@ def run_torch(x):
 
 def default_config(tokens: int, heads: int) -> str:
     """The launch configuration the kernel picks by itself, for the table."""
-    block_h, num_warps, block_n, dv_splits = _default_tile(
-        tokens, heads, True, _max_shared_bytes(torch.cuda.current_device())
+    block_h, num_warps, block_n, dv_splits = K._default_tile(
+        tokens, heads, True, K._max_shared_bytes(torch.cuda.current_device())
     )
     chunks = -(-SWA_CAP // block_n) - (-CMP_CAP // block_n)
     base = tokens * -(-heads // block_h) * dv_splits
-    splits = _default_splits(base, chunks, torch.device("cuda"))
+    splits = K._default_splits(base, chunks, torch.device("cuda"))
     return f"bh{block_h} w{num_warps} bn{block_n} dv/{dv_splits} s{splits}"
 
 
@@ -188,20 +197,69 @@ def bench(fn, rep_ms: int = 200) -> float:
     )
 
 
-def check(x, **cfg) -> float:
-    ref = run_torch(x).double()
-    x["out"].fill_(float("nan"))
-    out = run_triton(x, **cfg).double()
+def _dequant_f64(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """[T, N] slot ids -> [T, N, 512] float64 rows, independent of both
+    kernels: FP8 through torch's float8 cast, scales as float64 powers of 2."""
+    flat = pool.as_strided((pool.shape[0], PAGE * RECORD), (pool.stride(0), 1))
+    page = (idx // PAGE).long()
+    off = (idx % PAGE).long()
+    vals = flat[:, : PAGE * 576].reshape(-1, PAGE, 576)[page, off]
+    scl = flat[:, PAGE * 576 :].reshape(-1, PAGE, 8)[page, off, :7]
+    nope = vals[..., :448].view(torch.float8_e4m3fn).double()
+    nope = nope.unflatten(-1, (7, 64)) * torch.exp2(scl.double() - 127)[..., None]
+    rope = vals[..., 448:].contiguous().view(torch.bfloat16).double()
+    return torch.cat([nope.flatten(-2), rope], dim=-1)
+
+
+def reference_f64(x, chunk: int = 128) -> torch.Tensor:
+    """Sparse attention with sinks in float64 (live prefixes, -1 holes),
+    computed ``chunk`` tokens at a time to bound its memory."""
+    q = x["query"].double()
+    out = torch.empty_like(q)
+    for t0 in range(0, q.shape[0], chunk):
+        sl = slice(t0, t0 + chunk)
+        segs = []
+        for pool, idx, lens in (
+            (x["swa"], x["swa_idx"][sl, 0], x["swa_lens"][sl]),
+            (x["cmp"], x["cmp_idx"][sl, 0], x["cmp_lens"][sl]),
+        ):
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            live = (pos[None] < lens[:, None]) & (idx >= 0)
+            segs.append((_dequant_f64(pool, idx.clamp_min(0)), live))
+        kv = torch.cat([s[0] for s in segs], 1)
+        live = torch.cat([s[1] for s in segs], 1)
+        logits = torch.einsum("thd,tnd->thn", q[sl], kv) * x["scale"]
+        logits = logits.masked_fill(~live[:, None], float("-inf"))
+        sink = x["sinks"].double()[None, :, None].expand(logits.shape[0], -1, 1)
+        p = torch.softmax(torch.cat([logits, sink], -1), -1)[..., :-1]
+        out[sl] = torch.einsum("thn,tnd->thd", p, kv)
+    return out
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out = out.double()
     if torch.isnan(out).any():
         return float("nan")
     return ((out - ref).norm() / ref.norm()).item()
 
 
+def check(x, ref: torch.Tensor, **cfg) -> float:
+    x["out"].fill_(float("nan"))
+    return rel_err(run_triton(x, **cfg), ref)
+
+
 def point(
-    tokens: int, heads: int, kind: str, with_torch: bool, rep_ms: int = 200, **cfg
+    tokens: int,
+    heads: int,
+    kind: str,
+    with_torch: bool,
+    rep_ms: int = 200,
+    peer=None,
+    **cfg,
 ) -> dict:
     x = make_inputs(tokens, heads)
-    err = check(x, **cfg)
+    ref = reference_f64(x)
+    err = check(x, ref, **cfg)
     t_ms = bench(lambda: run_triton(x, **cfg), rep_ms)
     flops, bytes_ = cost(tokens, heads)
     floor_s = max(bytes_ / PEAK_BW, flops / PEAK_FLOPS)
@@ -210,7 +268,11 @@ def point(
         tokens=tokens,
         heads=heads,
         candidates=SWA_CAP + CMP_CAP,
-        config=cfg or default_config(tokens, heads),
+        config=(
+            default_config(tokens, heads) + "".join(f" {k}={v}" for k, v in cfg.items())
+            if set(cfg) <= {"bit_dequant"}
+            else cfg
+        ),
         time_us=t_ms * 1e3,
         tflops=flops / (t_ms * 1e-3) / 1e12,
         bytes=bytes_,
@@ -218,12 +280,21 @@ def point(
         floor_us=floor_s * 1e6,
         bound="memory" if bytes_ / PEAK_BW >= flops / PEAK_FLOPS else "compute",
         pct_of_floor=100.0 * floor_s / (t_ms * 1e-3),
-        rel_err_vs_torch=err,
+        rel_err_f64=err,
     )
     if with_torch:
         t_torch = bench(lambda: run_torch(x))
         row["torch_us"] = t_torch * 1e3
         row["speedup_vs_torch"] = t_torch / t_ms
+        row["torch_rel_err_f64"] = rel_err(run_torch(x), ref)
+    if peer is not None and heads <= 128:
+        run_peer = peer.prepare(x)
+        row["flashmla_rel_err_f64"] = rel_err(run_peer(), ref)
+        t_peer = bench(run_peer, rep_ms)
+        row["flashmla_us"] = t_peer * 1e3
+        row["flashmla_heads"] = 64 if heads <= 64 else 128
+        # > 1: ours is faster.
+        row["speed_vs_flashmla"] = t_peer / t_ms
     x.clear()
     torch.cuda.empty_cache()
     return row
@@ -233,7 +304,15 @@ def _sweep_configs(tokens: int, heads: int) -> list[dict]:
     # (block_h, num_warps, block_n, dv_splits) tiles that compile for sm_90
     # with no or few register spills.
     if heads <= 16:
-        tiles = [(16, 4, 32, 1), (16, 4, 16, 1)]
+        tiles = [(16, 4, 32, 1), (16, 4, 16, 1), (16, 4, 64, 1)]
+        # One 4-warp program per token leaves most of an SM idle: cut the
+        # candidates even when the tokens alone fill the machine.
+        if tokens >= 128:
+            return [
+                dict(block_h=bh, num_warps=nw, block_n=bn, dv_splits=1, num_splits=sp)
+                for bh, nw, bn, _ in tiles
+                for sp in (1, 2)
+            ]
     elif heads <= 64:
         tiles = [(64, 8, 32, 1), (64, 8, 16, 1), (32, 8, 32, 1)]
     else:
@@ -265,38 +344,62 @@ def sweep(points: list[tuple[int, int]]) -> list[dict]:
             print(
                 f"  T={tokens:4d} H={heads:3d} {cfg} "
                 f"{r['time_us']:8.1f} us {r['pct_of_floor']:5.1f}% "
-                f"err {r['rel_err_vs_torch']:.1e}"
+                f"err {r['rel_err_f64']:.1e}"
             )
     return rows
 
 
+def _f(r: dict, key: str, fmt: str) -> str:
+    v = r.get(key)
+    return "-" if v is None else format(v, fmt)
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
+    peer = any("flashmla_us" in r for r in rows)
     lines = [
         "# DeepSeek V4.1 sparse MLA: Triton kernel on " + meta["gpu"],
         "",
         (
-            f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}; "
-            f"FP8 fp8_ds_mla records, SWA {SWA_CAP} + compressed top-k {CMP_CAP} "
-            "candidates per token, sinks on. Floor = max(bytes / "
+            f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}"
+            + (f", FlashMLA {meta['flashmla']}" if peer else "")
+            + f". FP8 fp8_ds_mla records, SWA {SWA_CAP} + compressed top-k "
+            f"{CMP_CAP} candidates per token, sinks on. Floor = max(bytes / "
             f"{PEAK_BW / 1e12:.1f} TB/s, flops / {PEAK_FLOPS / 1e12:.0f} TFLOP/s); "
             "times are medians of triton.testing.do_bench over CUDA-graph replays "
-            "(L2 cleared before each)."
+            "(L2 cleared before each). Errors: ||out - ref|| / ||ref|| against a "
+            "float64 reference over the dequantised rows."
         ),
+    ]
+    if peer:
+        lines += [
+            "",
+            (
+                "FlashMLA: its SM90 MODEL1 sparse FP8 decode plus its split "
+                "combine, on the same pools, slot ids, lengths and sinks (each "
+                "token its own batch entry). Its per-batch planning (the "
+                "scheduler kernel of get_mla_metadata's first call), its buffers "
+                "and, for 16 heads, the padding to the 64 heads it needs are made "
+                "once, outside the timed region. vs FlashMLA = FlashMLA time / "
+                "ours (> 1: ours faster)."
+            ),
+        ]
+    lines += [
         "",
         (
-            "| kind | tokens | heads | time (us) | TFLOP/s | GB/s | floor (us) | bound "
-            "| % of floor | torch (us) | speed-up | rel. err | launch config |"
+            "| kind | tokens | heads | ours (us) | FlashMLA (us) | vs FlashMLA "
+            "| ours err | FlashMLA err | TFLOP/s | % of floor | torch (us) "
+            "| launch config |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['kind']} | {r['tokens']} | {r['heads']} | {r['time_us']:.1f} "
-            f"| {r['tflops']:.1f} | {r['gbps']:.0f} | {r['floor_us']:.1f} "
-            f"| {r['bound']} | {r['pct_of_floor']:.1f} "
-            f"| {r.get('torch_us', float('nan')):.1f} "
-            f"| {r.get('speedup_vs_torch', float('nan')):.1f}x "
-            f"| {r['rel_err_vs_torch']:.1e} | {r['config']} |"
+            f"| {_f(r, 'flashmla_us', '.1f')} "
+            f"| {_f(r, 'speed_vs_flashmla', '.2f')}x "
+            f"| {r['rel_err_f64']:.1e} | {_f(r, 'flashmla_rel_err_f64', '.1e')} "
+            f"| {r['tflops']:.1f} | {r['pct_of_floor']:.1f} "
+            f"| {_f(r, 'torch_us', '.1f')} | {r['config']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -314,14 +417,93 @@ TUNED_POINTS = (
 )
 
 
+def _load_kernel(path: str):
+    """A kernel module from a file (a variant), bound to the real Triton."""
+    import vllm.triton_utils
+
+    spec = importlib.util.spec_from_file_location("dsv41_kernel_variant", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    saved = vllm.triton_utils.triton, vllm.triton_utils.tl
+    vllm.triton_utils.triton, vllm.triton_utils.tl = triton, triton.language
+    try:
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    finally:
+        vllm.triton_utils.triton, vllm.triton_utils.tl = saved
+    return module
+
+
+def _load_peer(src: str | None):
+    if not src:
+        return None, None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from build_flashmla_peer import FlashMLAPeer, build
+
+    version = "unknown"
+    vfile = os.path.join(
+        os.path.dirname(src) if src.endswith(".so") else src, "VERSIONS"
+    )
+    if os.path.exists(vfile):
+        with open(vfile) as f:
+            version = f.read().strip()
+    try:
+        if src.endswith(".so"):
+            # A module built by an earlier run on the same machine image.
+            from importlib.machinery import ExtensionFileLoader
+
+            spec = importlib.util.spec_from_loader(
+                "flashmla_peer", ExtensionFileLoader("flashmla_peer", src)
+            )
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return FlashMLAPeer(module), version
+        return FlashMLAPeer(build(src)), version
+    except Exception as e:  # no nvcc, not SM90, sources missing
+        print(f"FlashMLA peer not available: {type(e).__name__}: {e}")
+        return None, None
+
+
+DECODE_TOKENS = (1, 2, 4, 8, 32, 128, 256)
+DECODE_HEADS = (16, 64, 128)
+
+
 def main() -> None:
+    global K
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--sweep", action="store_true", help="try launch configs")
     ap.add_argument("--sweep-only", action="store_true", help="only the sweep")
     ap.add_argument("--prefill-tokens", type=int, default=4096)
     ap.add_argument("--prefill-heads", type=int, default=128)
+    ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
+    ap.add_argument(
+        "--flashmla-src",
+        default=None,
+        help="FlashMLA sources (or an already built flashmla_peer .so): time it",
+    )
+    ap.add_argument(
+        "--kernel", default=None, help="time this copy of the kernel module instead"
+    )
+    ap.add_argument("--tag", default="", help="suffix of the output file names")
+    ap.add_argument(
+        "--points",
+        default=None,
+        help="comma-separated TOKENSxHEADS decode points (default: all)",
+    )
+    ap.add_argument("--rep-ms", type=int, default=200)
+    ap.add_argument(
+        "--bit-dequant",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="force the FP8 dequantisation path (on: bit-level, off: cast)",
+    )
     args = ap.parse_args()
+    if args.kernel:
+        K = _load_kernel(args.kernel)
+    peer, peer_version = _load_peer(args.flashmla_src)
 
     props = torch.cuda.get_device_properties(0)
     meta = dict(
@@ -334,6 +516,8 @@ def main() -> None:
         peak_bw=PEAK_BW,
         peak_flops=PEAK_FLOPS,
         command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+        kernel=args.kernel or K.__name__,
+        flashmla=peer_version,
     )
     os.makedirs(args.out_dir, exist_ok=True)
     result: dict = dict(meta=meta)
@@ -341,22 +525,45 @@ def main() -> None:
         pts = list(TUNED_POINTS)
         result["sweep"] = sweep(pts)
     if args.sweep_only:
-        with open(os.path.join(args.out_dir, "sweep.json"), "w") as f:
+        with open(os.path.join(args.out_dir, f"sweep{args.tag}.json"), "w") as f:
             json.dump(result, f, indent=1, default=str)
         return
+    if args.points:
+        points = [tuple(int(v) for v in p.split("x")) for p in args.points.split(",")]
+    else:
+        points = [(t, h) for t in DECODE_TOKENS for h in DECODE_HEADS]
+    cfg = (
+        {} if args.bit_dequant == "auto" else {"bit_dequant": args.bit_dequant == "on"}
+    )
     rows = []
-    for tokens in (1, 8, 32, 128, 256):
-        for heads in (16, 64, 128):
-            rows.append(point(tokens, heads, "decode", True))
-            r = rows[-1]
-            print(
-                f"decode T={tokens:4d} H={heads:3d} {r['time_us']:8.1f} us "
-                f"{r['tflops']:6.1f} TF/s {r['pct_of_floor']:5.1f}% of floor "
-                f"torch {r['torch_us']:8.1f} us err {r['rel_err_vs_torch']:.1e}"
+    for tokens, heads in points:
+        r = point(tokens, heads, "decode", not args.no_torch, args.rep_ms, peer, **cfg)
+        rows.append(r)
+        print(
+            f"decode T={tokens:4d} H={heads:3d} {r['time_us']:8.1f} us "
+            f"{r['pct_of_floor']:5.1f}% of floor err {r['rel_err_f64']:.1e}"
+            + (
+                f" | FlashMLA {r['flashmla_us']:7.1f} us "
+                f"err {r['flashmla_rel_err_f64']:.1e} "
+                f"ours {r['speed_vs_flashmla']:.2f}x"
+                if "flashmla_us" in r
+                else ""
+            ),
+            flush=True,
+        )
+    if not args.no_prefill:
+        rows.append(
+            point(
+                args.prefill_tokens,
+                args.prefill_heads,
+                "prefill",
+                not args.no_torch,
+                args.rep_ms,
+                **cfg,
             )
-    rows.append(point(args.prefill_tokens, args.prefill_heads, "prefill", True))
+        )
     result["rows"] = rows
-    tag = meta["gpu"].replace(" ", "_").lower()
+    tag = meta["gpu"].replace(" ", "_").lower() + args.tag
     base = os.path.join(args.out_dir, f"dsv41_sparse_mla_{tag}")
     with open(base + ".json", "w") as f:
         json.dump(result, f, indent=1, default=str)
@@ -371,7 +578,7 @@ def main() -> None:
         plot(base + ".json", base + ".png")
     except ImportError as e:
         print(f"no roofline PNG here ({e}); draw it from the JSON later")
-    assert all(not math.isnan(r["rel_err_vs_torch"]) for r in rows)
+    assert all(not math.isnan(r["rel_err_f64"]) for r in rows)
 
 
 if __name__ == "__main__":

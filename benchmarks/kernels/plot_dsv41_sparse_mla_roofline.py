@@ -51,14 +51,25 @@ def plot(json_path: str, png_path: str) -> None:
             xytext=(3, -3),
             textcoords="offset points",
         )
+        if "flashmla_us" in row:
+            # FlashMLA on the same inputs: same work, its own time.
+            peer_tflops = flops / (row["flashmla_us"] * 1e-6) / 1e12
+            ax.scatter(
+                intensity,
+                peer_tflops,
+                marker=markers.get(row["heads"], "x"),
+                facecolors="none",
+                edgecolors="tab:green",
+                s=20 + 0.3 * row["tokens"],
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
     ax.set_ylabel("achieved TFLOP/s")
     ax.set_title(
         f"DSV4.1 Triton sparse MLA on {meta['gpu']}\n"
-        f"circle/square/triangle = 16/64/128 heads, red = prefill; "
-        f"{meta['date']}",
+        f"circle/square/triangle = 16/64/128 heads, blue = ours (decode), "
+        f"red = ours (prefill), green rings = FlashMLA; {meta['date']}",
         fontsize=9,
     )
     ax.grid(True, which="both", lw=0.3)
