@@ -3,6 +3,9 @@
 """PEP 517 backend: ``pip wheel --no-deps .`` and ``python -m build --wheel``
 at the repository root build the fork wheel.
 
+The base is ``VLLM_FORK_BASE`` (default: the pin's), or the config setting
+``base`` (``pip wheel . --config-settings base=0.33.0``).
+
 Like vLLM's precompiled route for Python-only changes, nothing is compiled:
 the wheel is the pinned upstream wheel with the fork's edits and modules
 (tools/fork/build_wheel.py), byte for byte what the main job builds.
@@ -14,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.fork.build_wheel import build  # noqa: E402
+from tools.fork.common import select_base  # noqa: E402
 
 
 def get_requires_for_build_wheel(config_settings=None) -> list[str]:
@@ -21,4 +25,5 @@ def get_requires_for_build_wheel(config_settings=None) -> list[str]:
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None) -> str:
+    select_base((config_settings or {}).get("base"))
     return build(Path(wheel_directory)).name

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Build the fork wheel: the pinned upstream vLLM wheel, edited in place.
 
-    python3 tools/fork/build_wheel.py [--out dist]
+    python3 tools/fork/build_wheel.py [--out dist] [--base 0.33.0]
 
 Every upstream entry the edits do not touch is copied with its compressed
 bytes untouched (the compiled extensions included); the edited upstream files
@@ -22,7 +22,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.fork.common import REPO, load_pin, log, upstream_wheel  # noqa: E402
+from tools.fork.common import (  # noqa: E402
+    REPO,
+    add_base_argument,
+    load_pin,
+    log,
+    select_base,
+    upstream_wheel,
+)
 from tools.fork.fork_tree import edited_upstream_files, fork_files  # noqa: E402
 
 # Local file header: signature, version, flags, method, time, date, crc32,
@@ -153,7 +160,9 @@ def _with_version(metadata: str, version: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "dist")
+    add_base_argument(parser)
     args = parser.parse_args()
+    select_base(args.base)
     wheel = build(args.out)
     log(f"built {wheel} ({wheel.stat().st_size / 1e6:.0f} MB)")
     print(wheel)

@@ -22,11 +22,50 @@ WHEEL_CACHE = REPO / ".cache" / "wheels"
 DEV_REQUIREMENTS = REPO / "requirements" / "dev.txt"
 
 
-def load_pin() -> SimpleNamespace:
-    """The upstream pin, read from the overlay's pin module without importing
-    vLLM (which may not be installed yet)."""
+def load_pin(base: str | None = None) -> SimpleNamespace:
+    """The pin of one upstream base (``base``, else ``VLLM_FORK_BASE``, else
+    the default), read from the pin module without importing vLLM (which may
+    not be installed yet). ``VLLM_VERSION`` names the base."""
     values = runpy.run_path(str(PIN_FILE))
-    return SimpleNamespace(**{k: v for k, v in values.items() if k.isupper()})
+    base = base or os.environ.get(values["BASE_ENV"]) or values["DEFAULT_BASE"]
+    if base not in values["BASES"]:
+        raise SystemExit(
+            f"{values['BASE_ENV']}={base} is not a base of the fork; "
+            f"choose one of {', '.join(values['BASES'])} "
+            f"({PIN_FILE.relative_to(REPO)})."
+        )
+    shared = {k: v for k, v in values.items() if k.isupper() and k != "BASES"}
+    return SimpleNamespace(VLLM_VERSION=base, **shared, **values["BASES"][base])
+
+
+def all_bases() -> list[str]:
+    return list(runpy.run_path(str(PIN_FILE))["BASES"])
+
+
+def select_base(base: str | None) -> SimpleNamespace:
+    """Make ``base`` the base of this process and of everything it runs (the
+    scripts' ``--base`` flag); None keeps ``VLLM_FORK_BASE`` or the default."""
+    pin = load_pin(base)
+    os.environ[pin.BASE_ENV] = pin.VLLM_VERSION
+    return pin
+
+
+def add_base_argument(parser) -> None:
+    parser.add_argument(
+        "--base",
+        choices=all_bases(),
+        default=None,
+        help="upstream vLLM release to work on (default: $VLLM_FORK_BASE, "
+        "else the pin's default)",
+    )
+
+
+def venv_dir(name: str) -> Path:
+    """``REPO/name`` for the default base, ``REPO/name-<version>`` for the
+    others, so each base has its own venvs."""
+    pin = load_pin()
+    suffix = "" if pin.VLLM_VERSION == pin.DEFAULT_BASE else f"-{pin.VLLM_VERSION}"
+    return REPO / f"{name}{suffix}"
 
 
 def log(message: str) -> None:
@@ -100,7 +139,7 @@ def upstream_wheel() -> Path:
     if not path.exists():
         raise SystemExit(
             f"pip did not produce {pin.VLLM_WHEEL}; the fork is built from the "
-            "x86_64 manylinux wheel of vLLM {pin.VLLM_VERSION}."
+            f"x86_64 manylinux wheel of vLLM {pin.VLLM_VERSION}."
         )
     actual = sha256_of(path)
     if actual != pin.VLLM_WHEEL_SHA256:

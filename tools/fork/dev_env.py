@@ -3,7 +3,9 @@
 """Make ``.venv``: the pinned upstream vLLM, edited in place, with the fork's
 new modules live in it.
 
-    python3 tools/fork/dev_env.py
+    python3 tools/fork/dev_env.py [--base 0.33.0]
+
+The default base gets ``.venv``, another base ``.venv-<version>``.
 
 The upstream files the edit list changes are rewritten in the installed
 ``vllm`` package from the pinned wheel's pristine copies, so running this
@@ -13,6 +15,7 @@ files under a linked folder take effect at once. A venv that already matches
 the pin and the dev requirements is reused.
 """
 
+import argparse
 import hashlib
 import os
 import sys
@@ -25,20 +28,22 @@ from tools.fork.common import (  # noqa: E402
     OVERLAY,
     PIN_FILE,
     REPO,
+    add_base_argument,
     load_pin,
     log,
     provision_venv,
     run_pip,
+    select_base,
     site_packages,
     upstream_wheel,
+    venv_dir,
     venv_python,
 )
 
-VENV = REPO / ".venv"
-STAMP = VENV / ".fork-stamp"
+STAMP = ".fork-stamp"
 # The upstream files the last run edited, so that a file no edit touches any
 # more gets its pristine text back.
-EDITED_LIST = VENV / ".fork-edited-files"
+EDITED_LIST = ".fork-edited-files"
 # The development distribution earlier layouts installed (it declared a
 # plugin entry point that no longer exists).
 OLD_DEV_DISTRIBUTION = "vllm-dsv41-blackwell-overlay"
@@ -47,7 +52,7 @@ OLD_DEV_DISTRIBUTION = "vllm-dsv41-blackwell-overlay"
 def _wanted_stamp() -> str:
     # What decides the venv's contents; the overlay itself is linked, not
     # installed, so it is not part of this.
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(load_pin().VLLM_VERSION.encode())
     for path in (PIN_FILE, DEV_REQUIREMENTS, REPO / "pyproject.toml"):
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -88,7 +93,7 @@ def link_overlay(upstream_root: Path) -> list[Path]:
     return links
 
 
-def apply_edits_in_place(upstream_root: Path, wheel: Path) -> list[str]:
+def apply_edits_in_place(upstream_root: Path, wheel: Path, venv: Path) -> list[str]:
     """Write the edited upstream files into the installed package; restore
     the pristine text of files an earlier edit list changed. Returns the
     edited paths."""
@@ -97,38 +102,51 @@ def apply_edits_in_place(upstream_root: Path, wheel: Path) -> list[str]:
     from tools.fork.fork_tree import edited_upstream_files
 
     edited = edited_upstream_files(wheel)
-    before = EDITED_LIST.read_text().split() if EDITED_LIST.exists() else []
+    listing = venv / EDITED_LIST
+    before = listing.read_text().split() if listing.exists() else []
     site = upstream_root.parent
     with zipfile.ZipFile(wheel) as src:
         for path in sorted(set(before) - set(edited)):
             (site / path).write_bytes(src.read(path))
     for path, data in edited.items():
         (site / path).write_bytes(data)
-    EDITED_LIST.write_text("\n".join(sorted(edited)) + "\n")
+    listing.write_text("\n".join(sorted(edited)) + "\n")
     return sorted(edited)
 
 
-def main() -> None:
+def make(venv: Path) -> None:
     stamp = _wanted_stamp()
     wheel = upstream_wheel()
-    if venv_python(VENV).exists() and STAMP.exists() and STAMP.read_text() == stamp:
-        log(f"reusing {VENV.relative_to(REPO)} (pin and requirements unchanged)")
+    stamp_file = venv / STAMP
+    if venv_python(venv).exists() and stamp_file.exists():
+        current = stamp_file.read_text() == stamp
     else:
-        EDITED_LIST.unlink(missing_ok=True)
-        provision_venv(VENV, wheel, ("-r", DEV_REQUIREMENTS))
+        current = False
+    if current:
+        log(f"reusing {venv.relative_to(REPO)} (pin and requirements unchanged)")
+    else:
+        (venv / EDITED_LIST).unlink(missing_ok=True)
+        provision_venv(venv, wheel, ("-r", DEV_REQUIREMENTS))
         run_pip(
-            venv_python(VENV), "uninstall", "-q", "-y", OLD_DEV_DISTRIBUTION,
+            venv_python(venv), "uninstall", "-q", "-y", OLD_DEV_DISTRIBUTION,
             env=dict(os.environ),
         )  # fmt: skip
-        STAMP.write_text(stamp)
-    upstream_root = site_packages(VENV) / "vllm"
-    edited = apply_edits_in_place(upstream_root, wheel)
+        stamp_file.write_text(stamp)
+    upstream_root = site_packages(venv) / "vllm"
+    edited = apply_edits_in_place(upstream_root, wheel, venv)
     links = link_overlay(upstream_root)
     log(
         f"vLLM {load_pin().VLLM_VERSION} edited in place ({len(edited)} files), "
         f"new modules linked ({len(links)} paths); "
-        "activate with: source .venv/bin/activate"
+        f"activate with: source {venv.relative_to(REPO)}/bin/activate"
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_base_argument(parser)
+    select_base(parser.parse_args().base)
+    make(venv_dir(".venv"))
 
 
 if __name__ == "__main__":

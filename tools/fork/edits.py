@@ -168,7 +168,11 @@ EDITS: tuple[Edit, ...] = (
                 return super().get_swa_block_size()
 
             @staticmethod
-            def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+            def get_supported_kernel_block_sizes(
+                kv_cache_spec=None,
+            ) -> list[int | MultipleOf]:
+                # kv_cache_spec: passed from vLLM 0.33 on; the page is the
+                # policy's either way.
                 if size := sparse_mla_negotiation.swa_block_size():
                     return [size]
                 return DeepseekSparseSWAFlashInferBackend.get_supported_kernel_block_sizes()

@@ -3,7 +3,7 @@
 """Generate the upstream patch series: the fork's change as ``git am``-able
 patches against a pristine vLLM tree, one patch per concern.
 
-    python3 tools/fork/patch_series.py [--out dist/patches]
+    python3 tools/fork/patch_series.py [--out DIR] [--base 0.33.0]
 
 The pristine tree is the pinned wheel's Python package (its compiled parts
 left out); each patch adds the edits of its concern (tools/fork/edits.py)
@@ -25,7 +25,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.fork.common import REPO, load_pin, log, upstream_wheel  # noqa: E402
+from tools.fork.common import (  # noqa: E402
+    REPO,
+    add_base_argument,
+    load_pin,
+    log,
+    select_base,
+    upstream_wheel,
+)
 from tools.fork.edit_engine import apply_edits  # noqa: E402
 from tools.fork.edits import CONCERNS, EDITS, PAGES, TRITON, VALIDATION  # noqa: E402
 
@@ -152,6 +159,10 @@ def _git(tree: Path, *args: str) -> str:
     ).stdout
 
 
+def default_out_dir() -> Path:
+    return REPO / "dist" / "patches" / f"vllm-{load_pin().VLLM_VERSION}"
+
+
 def generate(out_dir: Path) -> list[Path]:
     """Write the series to ``out_dir``; return the patch files in order."""
     pin = load_pin()
@@ -200,13 +211,11 @@ def generate(out_dir: Path) -> list[Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=REPO / "dist" / "patches" / f"vllm-{load_pin().VLLM_VERSION}",
-    )
+    parser.add_argument("--out", type=Path, help="default: dist/patches/vllm-<base>")
+    add_base_argument(parser)
     args = parser.parse_args()
-    for patch in generate(args.out):
+    select_base(args.base)
+    for patch in generate(args.out or default_out_dir()):
         print(patch)
 
 

@@ -1,22 +1,40 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The upstream release this fork is a delta over.
+"""The upstream releases the fork is written over.
 
 This is the only place the pinned versions live. The build and environment
 scripts under ``tools/fork/`` load this file directly (it imports nothing, so
-it can be read without vLLM installed).
+it can be read without vLLM installed). Which base a command works on is one
+setting: the scripts' ``--base`` flag, which sets ``VLLM_FORK_BASE`` for
+everything they run, or that variable itself.
 """
 
-# vLLM release whose files the fork edits in place and adds to.
-VLLM_VERSION = "0.30.0"
-# The upstream wheel the fork wheel is assembled from, checked before use.
-VLLM_WHEEL = "vllm-0.30.0-cp38-abi3-manylinux_2_28_x86_64.whl"
-VLLM_WHEEL_SHA256 = "ef52ee58c410ead0b8afb190838fa4cbcb52075596f67862a03859d984966ac4"
-# vLLM 0.30.0 requires exactly these.
-TORCH_VERSION = "2.13.0"
-FLASHINFER_VERSION = "0.6.18.post1"
-# PEP 440 local version label of the fork wheel: 0.30.0+dsv41sm12x.
+# vLLM release -> the upstream wheel the fork is built from (checked before
+# use) and the torch and FlashInfer that release requires exactly.
+BASES = {
+    # The seed's base.
+    "0.30.0": {
+        "VLLM_WHEEL": "vllm-0.30.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        "VLLM_WHEEL_SHA256": (
+            "ef52ee58c410ead0b8afb190838fa4cbcb52075596f67862a03859d984966ac4"
+        ),
+        "TORCH_VERSION": "2.13.0",
+        "FLASHINFER_VERSION": "0.6.18.post1",
+    },
+    # The newest release: the base of the upstream pull request.
+    "0.33.0": {
+        "VLLM_WHEEL": "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        "VLLM_WHEEL_SHA256": (
+            "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
+        ),
+        "TORCH_VERSION": "2.14.0",
+        "FLASHINFER_VERSION": "0.7.2.post1",
+    },
+}
+DEFAULT_BASE = "0.30.0"
+BASE_ENV = "VLLM_FORK_BASE"
+# PEP 440 local version label of the fork wheels: 0.30.0+dsv41sm12x.
 LOCAL_VERSION_TAG = "dsv41sm12x"
-# Packages vLLM's metadata pulls in that do not load beside the pinned torch
+# Packages vLLM's metadata pulls in that do not load beside a CPU torch
 # ("operator torchvision::nms does not exist"); nothing the fork runs needs them.
 INCOMPATIBLE_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
