@@ -164,7 +164,9 @@ def default_config(tokens: int, heads: int) -> str:
     )
     chunks = -(-SWA_CAP // block_n) - (-CMP_CAP // block_n)
     base = tokens * -(-heads // block_h) * dv_splits
-    splits = K._default_splits(base, chunks, torch.device("cuda"))
+    splits = K._default_splits(
+        base, chunks, torch.device("cuda"), K._programs_per_sm(block_h, num_warps)
+    )
     return f"bh{block_h} w{num_warps} bn{block_n} dv/{dv_splits} s{splits}"
 
 
@@ -301,32 +303,34 @@ def point(
 
 
 def _sweep_configs(tokens: int, heads: int) -> list[dict]:
-    # (block_h, num_warps, block_n, dv_splits) tiles that compile for sm_90
-    # with no or few register spills.
+    """Launch configurations to time at one point: (block_h, num_warps,
+    block_n, dv_splits) tiles that compile for sm_90 with no or few register
+    spills, times candidate splits around the launcher's default."""
     if heads <= 16:
-        tiles = [(16, 4, 32, 1), (16, 4, 16, 1), (16, 4, 64, 1)]
-        # One 4-warp program per token leaves most of an SM idle: cut the
-        # candidates even when the tokens alone fill the machine.
-        if tokens >= 128:
-            return [
-                dict(block_h=bh, num_warps=nw, block_n=bn, dv_splits=1, num_splits=sp)
-                for bh, nw, bn, _ in tiles
-                for sp in (1, 2)
-            ]
+        tiles = [(16, 4, 32, 1), (16, 4, 16, 1)]
+        # A 4-warp program leaves most of an SM idle: cut the candidates
+        # even when the tokens alone fill the machine.
+        splits = {8: (16, 20, 40), 32: (4, 8, 16), 128: (1, 2, 4), 256: (1, 2)}
+    elif tokens < 32:
+        tiles = [(64, 8, 32, 1), (64, 8, 16, 1)]
+        splits = {1: (20, 40), 4: (8, 16, 20, 40), 8: (8, 16, 20)}
     elif heads <= 64:
-        tiles = [(64, 8, 32, 1), (64, 8, 16, 1), (32, 8, 32, 1)]
+        tiles = [(64, 8, 32, 1), (64, 8, 16, 1)]
+        splits = {32: (2, 4)}
     else:
-        tiles = [(128, 8, 32, 2), (64, 8, 32, 1), (128, 8, 16, 2)]
-    if tokens >= 128:
-        splits = (1,)
-    elif tokens >= 32:
-        splits = (2, 4)
-    else:
-        splits = (8, 20)
+        tiles = [(128, 8, 32, 2), (64, 8, 32, 1)]
+        splits = {32: (2, 4)}
+    chunks = -(-SWA_CAP // 32) - (-CMP_CAP // 32)
     return [
-        dict(block_h=bh, num_warps=nw, block_n=bn, dv_splits=dvs, num_splits=sp)
+        dict(
+            block_h=bh,
+            num_warps=nw,
+            block_n=bn,
+            dv_splits=dvs,
+            num_splits=min(sp, chunks * 32 // bn),
+        )
         for bh, nw, bn, dvs in tiles
-        for sp in splits
+        for sp in splits.get(tokens, (1,))
     ]
 
 
@@ -406,14 +410,16 @@ def markdown(meta: dict, rows: list[dict]) -> str:
 
 # (tokens, heads) points where launch configs are swept and variants compared.
 TUNED_POINTS = (
-    (128, 128),
-    (256, 128),
-    (128, 64),
-    (256, 64),
+    (8, 16),
+    (32, 16),
     (128, 16),
-    (32, 128),
-    (8, 128),
+    (256, 16),
     (1, 128),
+    (4, 128),
+    (8, 128),
+    (8, 64),
+    (32, 64),
+    (32, 128),
 )
 
 

@@ -108,9 +108,10 @@ def compile_tile(
     block_h, num_warps, block_n, dv_splits = tile
     fn = kernel_module._sparse_mla_fwd_kernel
     consts = dict(
-        SWA_FP8=packed,
+        # FP8 pools take the bit-level dequantisation (the launcher's default).
+        SWA_REC=2 if packed else 0,
+        CMP_REC=2 if packed else 0,
         HAS_CMP=True,
-        CMP_FP8=packed,
         HAS_SINKS=True,
         SPLIT=split,
         BLOCK_H=block_h,

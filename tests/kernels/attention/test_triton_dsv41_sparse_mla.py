@@ -66,13 +66,19 @@ def make_pool(
     layout: str = "NHD",
     pad: int = 0,
     seed: int = 0,
+    block_exponents: tuple[int, ...] | None = None,
 ) -> Pool:
     """A paged pool of random rows, written with the shared reference's
     writers. ``pad`` adds bytes (FP8) or rows (BF16) after each page so the
-    page stride exceeds one page's data; the padding holds random garbage."""
+    page stride exceeds one page's data; the padding holds random garbage.
+    ``block_exponents`` scales each 64-column block of every row by 2 ** e
+    (the quantiser's UE8M0 scales follow)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     n = num_pages * page_size
     rows = torch.randn(n, DIM, generator=g) * 2.0
+    if block_exponents is not None:
+        scale = torch.exp2(torch.tensor(block_exponents, dtype=torch.float32))
+        rows = (rows.view(n, -1, 64) * scale[:, None]).view(n, DIM)
     slots = torch.arange(n)
     ref_layout = "3D" if layout == "3d" else layout
     if record == "bf16":
@@ -197,17 +203,20 @@ def make_case(
     layout: str = "NHD",
     pad: int = 0,
     cmp_record: str | None = None,
+    block_exponents: tuple[int, ...] | None = None,
 ):
     g = torch.Generator(device="cpu").manual_seed(seed)
     q = (torch.randn(num_tokens, heads, DIM, generator=g)).to(torch.bfloat16)
     q = q.to(_device())
-    swa = make_pool(24, 64, record, layout, pad, seed + 1)
+    swa = make_pool(24, 64, record, layout, pad, seed + 1, block_exponents)
     swa_lens = torch.randint(0, swa_cap + 1, (num_tokens,), generator=g)
     swa_lens[0] = swa_cap
     swa_idx = make_indices(num_tokens, swa_cap, 24, 64, swa_lens, g)
     segments = [(swa, swa_idx, swa_lens.to(torch.int32).to(_device()))]
     if both:
-        cmp = make_pool(40, 32, cmp_record or record, layout, pad, seed + 2)
+        cmp = make_pool(
+            40, 32, cmp_record or record, layout, pad, seed + 2, block_exponents
+        )
         cmp_lens = torch.randint(0, cmp_cap + 1, (num_tokens,), generator=g)
         cmp_lens[-1] = cmp_cap
         cmp_idx = make_indices(num_tokens, cmp_cap, 40, 32, cmp_lens, g)
@@ -327,6 +336,36 @@ def test_launch_configs_agree(num_splits: int, heads: int, tile):
     )
     assert not torch.isnan(out).any()
     assert rel_err(out, ref) < RTOL
+
+
+# Per-block magnitudes whose UE8M0 scale bytes span 2 ** -40 .. 2 ** +40:
+# above 134 (the bit-level path's second factor), far below 127, and blocks
+# whose small values quantise to FP8 subnormals.
+WIDE_EXPONENTS = (-40, -12, 0, 3, 9, 20, 40, 0)
+
+
+@pytest.mark.parametrize("heads,num_splits", [(16, 1), (64, 3), (128, 1)])
+def test_bit_level_fp8_dequantisation_is_exact(heads: int, num_splits: int):
+    """The bit-level E4M3 -> BF16 path (the default for FP8 pools) must give
+    exactly the rows of Triton's own cast, over the whole range of UE8M0
+    scales, so the two launches agree bit for bit; and both match the
+    float64 reference."""
+    q, segments, sinks = make_case(
+        5, heads, "fp8", True, True, seed=43, block_exponents=WIDE_EXPONENTS
+    )
+    # Keep the logits moderate: the 2 ** 40 block dominates q.k.
+    scale = 2.0**-44
+    out_bits = run_kernel(q, segments, sinks, scale, num_splits=num_splits)
+    out_cast = run_kernel(
+        q, segments, sinks, scale, num_splits=num_splits, bit_dequant=False
+    )
+    assert not torch.isnan(out_bits).any()
+    assert torch.equal(out_bits, out_cast)
+    ref = reference(q, segments, scale, sinks)
+    for block, e in enumerate(WIDE_EXPONENTS):
+        # Each block against its own magnitude, so the small ones count.
+        cols = slice(64 * block, 64 * block + 64)
+        assert rel_err(out_bits[..., cols], ref[..., cols]) < RTOL, (block, e)
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
