@@ -8,6 +8,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.v1.attention.dsv41.flashinfer_release import (
+    FIXED_SM120_PAGE,
+    fixed_pages,
+    runtime_pages,
+)
 from vllm.models.deepseek_v41 import attention as dsv41_attention
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
@@ -32,6 +37,7 @@ def test_backend_and_layer_classes():
     assert MLA.get_builder_cls() is fi.DeepseekV4FlashInferSparseMLAMetadataBuilder
 
 
+@fixed_pages
 @pytest.mark.parametrize("minor", [0, 1])
 def test_sm12x_backend_hooks(set_capability, minor):
     set_capability(12, minor)
@@ -47,8 +53,15 @@ def test_sm12x_backend_hooks(set_capability, minor):
     assert SWA120.get_swa_block_size() == 64
 
 
-def test_sm100_backend_hooks_are_upstreams(set_capability):
-    set_capability(10, 0)
+@pytest.mark.parametrize(
+    "capability",
+    [(10, 0)] + ([(12, 0), (12, 1)] if FIXED_SM120_PAGE is None else []),
+)
+def test_backend_hooks_are_upstreams_where_kernels_take_any_page(
+    set_capability, capability
+):
+    """SM10x, and SM12x with a FlashInfer that takes the page at run time."""
+    set_capability(*capability)
     assert MLA.get_supported_kernel_block_sizes() == [128]
     assert MLA.get_preferred_block_size(16) == 128
     assert MLA.get_compressed_block_size(1) is None
@@ -115,7 +128,7 @@ def single_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize("ratio", [1, 2])
-@pytest.mark.parametrize("major, expected_states", [(12, 64), (10, None)])
+@pytest.mark.parametrize("major, expected_states", [(12, FIXED_SM120_PAGE), (10, None)])
 def test_compressed_kv_spec_takes_the_negotiated_page(
     set_capability, ratio, major, expected_states
 ):
@@ -128,8 +141,11 @@ def test_compressed_kv_spec_takes_the_negotiated_page(
         head_dim=512,
         kv_cache_dtype="fp8_ds_mla",
         kv_cache_torch_dtype=torch.uint8,
-        kv_bytes_per_token=584,
         kv_page_alignment=576,
+        # The record's width: one name on vLLM 0.30, two from 0.33.
+        kv_bytes_per_token=584,
+        swa_bytes_per_token=584,
+        compressed_bytes_per_token=584,
     )
     vllm_config = SimpleNamespace(cache_config=SimpleNamespace(block_size=128))
     spec = dsv41_attention.DeepseekV4Attention.get_kv_cache_spec(layer, vllm_config)
@@ -143,6 +159,7 @@ def test_compressed_kv_spec_takes_the_negotiated_page(
     assert spec.page_size_bytes == -(-64 * 584 // 576) * 576
 
 
+@fixed_pages
 def test_unserved_shape_negotiates_the_triton_kernel(set_capability, single_gpu):
     set_capability(12, 0)
     geometry = MLA.negotiate(
@@ -164,7 +181,20 @@ def test_served_shape_negotiates_flashinfer(set_capability, single_gpu):
     assert geometry.kernel_path == policy.FLASHINFER_SM120
     assert geometry.fallback_reason is None
     assert geometry.serves(64, 128)
-    assert not geometry.serves(64, 384)
+    # A shape FlashInfer lacks (0.6.x) is not the FlashInfer kernel's.
+    assert geometry.serves(64, 384) is (FIXED_SM120_PAGE is None)
+
+
+@runtime_pages
+def test_reported_missing_shape_runs_flashinfer(set_capability, single_gpu):
+    """64 heads at top-k 1152 (no 0.6.18 kernel) is FlashInfer's from 0.7."""
+    set_capability(12, 0)
+    config = _vllm_config(heads=64, cache_dtype="fp8")
+    config.model_config.hf_config.sliding_window = 1152
+    geometry = MLA.negotiate(config, fi.DeepseekV4FlashInferSM120Attention)
+    assert geometry.kernel_path == policy.FLASHINFER_SM120
+    assert geometry.swa_topks == (1152,)
+    assert geometry.plan.swa_block_size == 32
 
 
 @pytest.mark.parametrize(

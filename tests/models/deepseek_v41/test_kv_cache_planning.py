@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.v1.attention.dsv41.flashinfer_release import fixed_pages
 from vllm.config import DeviceConfig, VllmConfig
 from vllm.models.deepseek_v41 import report
 from vllm.models.deepseek_v41.attention import (
@@ -23,9 +24,12 @@ from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fork
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
-from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
 from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 from vllm.v1.worker.utils import select_common_block_size
+
+# Only a FlashInfer with fixed SM120 pages makes the pages differ from
+# upstream's; with runtime pages (0.7+) the plan is upstream's own.
+pytestmark = fixed_pages
 
 HF_CONFIG = SimpleNamespace(**json.loads(report.DEFAULT_CONFIG.read_text()))
 
@@ -93,6 +97,9 @@ def test_sm12x_plan_is_accepted_by_vllm(set_capability, minor):
             compressed = specs[f"model.layers.{layer}.attn"]
             assert compressed.block_size == 64 * ratio
             assert compressed.page_size_bytes == page_bytes
+
+    # vLLM 0.30's planner (the base whose FlashInfer has fixed pages).
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
 
     memory = 2 << 30
     (kv_config,) = get_kv_cache_configs(config, [specs], [memory])

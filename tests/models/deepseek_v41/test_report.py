@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.v1.attention.dsv41.flashinfer_release import FIXED_SM120_PAGE, fixed_pages
 from vllm.models.deepseek_v41 import report
 
 
@@ -25,11 +26,19 @@ def test_sm12x_plan(capsys, capability):
     assert plan["kv_cache_dtype"] == "fp8_ds_mla"
     caches = {c["cache"]: c for c in plan["caches"]}
     assert set(caches) == {"swa", "compressed r=1", "compressed r=2"}
-    for name, tokens in [("swa", 64), ("compressed r=1", 64), ("compressed r=2", 128)]:
+    if FIXED_SM120_PAGE is None:
+        # FlashInfer takes any page: upstream's 32-token SWA page and
+        # 128-token (--block-size) compressed pages stay.
+        expected = [("swa", 32, 32), ("compressed r=1", 128, 128)]
+        expected.append(("compressed r=2", 128, 64))
+    else:
+        expected = [("swa", 64, 64), ("compressed r=1", 64, 64)]
+        expected.append(("compressed r=2", 128, 64))
+    for name, tokens, states in expected:
         assert caches[name]["page_tokens"] == tokens
-        assert caches[name]["states_per_page"] == 64
-        # 64 records of 584 bytes padded to a multiple of 576.
-        assert caches[name]["page_bytes"] == 37440
+        assert caches[name]["states_per_page"] == states
+        # Records of 584 bytes, the page padded to a multiple of 576.
+        assert caches[name]["page_bytes"] == -(-states * 584 // 576) * 576
 
 
 def test_sm100_plan(capsys):
@@ -60,9 +69,10 @@ def test_refused_configs_report_the_start_up_error(capsys, args, needle):
     "args, note",
     [
         (["--capability", "9.0"], None),
-        (
+        pytest.param(
             ["--capability", "12.0", "--num-speculative-tokens", "200", "--non-causal"],
             "top-k [384]",
+            marks=fixed_pages,
         ),
     ],
 )

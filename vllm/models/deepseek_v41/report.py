@@ -99,11 +99,17 @@ def cache_specs(
     vllm_config = SimpleNamespace(cache_config=cache_config)
     # SM10x stores the 528-byte MXFP8 record, others the 584-byte one.
     mxfp8 = policy.is_sm100(capability)
+    record_bytes = 528 if mxfp8 else 584
+    # What the layers' own ``get_kv_cache_spec`` read: the record's width
+    # under its vLLM 0.30 name and its 0.33 names (the SWA and compressed
+    # records are the same but for nvfp4_ds_mla, which no kernel here reads).
     record = dict(
         head_dim=hf_config.head_dim,
         kv_cache_dtype=cache_dtype,
         kv_cache_torch_dtype=torch_dtype,
-        kv_bytes_per_token=528 if mxfp8 else 584,
+        kv_bytes_per_token=record_bytes,
+        swa_bytes_per_token=record_bytes,
+        compressed_bytes_per_token=record_bytes,
         kv_page_alignment=512 if mxfp8 else 576,
     )
     specs: dict[str, KVCacheSpec] = {}
@@ -115,8 +121,12 @@ def cache_specs(
             window_size=hf_config.sliding_window,
             dtype=torch_dtype,
             cache_config=cache_config,
-            packed_bytes_per_token=record["kv_bytes_per_token"],
+            packed_bytes_per_token=record_bytes,
             packed_page_alignment=record["kv_page_alignment"],
+            # From vLLM 0.33: MXFP8 blocks hold whole records of both caches;
+            # bounded replay is off unless the user asks for it.
+            packed_block_stride_alignment=record_bytes if mxfp8 else None,
+            bounded_replay=False,
         )
         specs[f"{prefix}.swa_cache"] = DeepseekV4SWACache.get_kv_cache_spec(
             swa, vllm_config

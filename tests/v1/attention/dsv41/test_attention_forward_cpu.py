@@ -34,6 +34,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.v1.attention.dsv41.flashinfer_release import VLLM, fixed_pages
 from tests.v1.attention.dsv41.index_reference import (
     reference_build_flashinfer_mixed_sparse_indices,
     reference_compute_global_topk_indices_and_lens,
@@ -414,7 +415,22 @@ def patched(monkeypatch):
     return install
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# vLLM 0.33's TRTLLM-gen forward builds KV storage-offset indices over SWA
+# replay windows; the reference index builders model 0.30's element indices.
+_SM10X_ON_033 = pytest.mark.skipif(
+    not VLLM.startswith("0.30."),
+    reason=f"vLLM {VLLM}'s TRTLLM-gen forward uses storage-offset indices the "
+    "reference index builders do not model",
+)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=_SM10X_ON_033) if c.cls == "sm10x" else n
+        for n, c in CASES.items()
+    ],
+)
 def test_attention_forward_matches_dense(name: str, patched) -> None:
     case = CASES[name]
     seed = random.SystemRandom().randrange(2**31)
@@ -455,6 +471,7 @@ def test_attention_forward_matches_dense(name: str, patched) -> None:
         assert len(calls) == expected_calls
 
 
+@fixed_pages
 def test_sm120_decode_on_upstream_32_token_swa_pages_is_refused(patched) -> None:
     """Upstream 0.30.0 pages the SWA cache in 32 tokens; FlashInfer 0.6.x has
     no SM120 decode kernel for that, and the reference refuses it the same way

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The page-size policy against the real FlashInfer 0.6.18.post1 tables."""
+"""The page-size policy against the installed FlashInfer: 0.6.18.post1's
+fixed tables on vLLM 0.30.0, 0.7.2.post1's runtime configuration on 0.33.0."""
 
 import importlib.util
 import re
@@ -9,6 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.v1.attention.dsv41.flashinfer_release import (
+    RUNTIME_MAX_HEADS,
+    RUNTIME_MIN_TOPK,
+    fixed_pages,
+    runtime_pages,
+)
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 
@@ -23,6 +30,7 @@ def _flashinfer_source() -> str:
     return (root / "mla" / "_sparse_mla_sm120.py").read_text()
 
 
+@fixed_pages
 def test_envelope_matches_flashinfer_tables():
     # Read the two tables with a regex, independently of the policy's AST.
     text = _flashinfer_source()
@@ -39,6 +47,7 @@ def test_envelope_matches_flashinfer_tables():
             assert envelope.serves(heads, topk) == ((heads, topk) in pairs)
 
 
+@fixed_pages
 @pytest.mark.parametrize("capability", [SM120, SM121])
 def test_sm12x_pages_with_fixed_64_page_flashinfer(capability):
     plan = policy.plan_pages(capability)
@@ -115,6 +124,51 @@ def _decode_config(**overrides):
     return config
 
 
+@runtime_pages
+@pytest.mark.parametrize("capability", [SM120, SM121])
+def test_installed_runtime_page_flashinfer_keeps_upstream_pages(capability):
+    """FlashInfer 0.7's own configuration API, no stand-in."""
+    envelope = policy.installed_sm120_envelope()
+    assert envelope is not None and envelope.page_sizes is None
+    assert "supported_sparse_mla_sm120_configs" in envelope.source
+    plan = policy.plan_pages(capability)
+    assert plan.kernel_path == policy.FLASHINFER_SM120
+    assert plan.swa_block_size == 32  # upstream's page, which the kernels take
+    assert plan.compressed_block_size(1) is None
+    assert plan.kernel_block_sizes([1, 2]) == []
+
+
+@runtime_pages
+@pytest.mark.parametrize(
+    "heads, topk, served",
+    [
+        (1, 128, True),
+        (RUNTIME_MAX_HEADS, 128, True),
+        (RUNTIME_MAX_HEADS + 1, 128, False),
+        (0, 128, False),
+        (64, RUNTIME_MIN_TOPK, True),
+        (64, RUNTIME_MIN_TOPK - 1, False),
+        # Missing from 0.6.18.post1's table (reported upstream); served now.
+        (64, 1152, True),
+        (64, 384, True),
+    ],
+)
+def test_installed_runtime_envelope_limits(heads, topk, served):
+    envelope = policy.installed_sm120_envelope()
+    assert envelope is not None
+    assert envelope.serves(heads, topk) is served
+
+
+@runtime_pages
+def test_shapes_the_fixed_tables_lacked_run_flashinfer():
+    for topks in ([1152], [384], [128, 160]):
+        geometry = policy.negotiate(
+            SM120, num_local_heads=64, kv_cache_dtype="fp8", swa_topks=topks
+        )
+        assert geometry.kernel_path == policy.FLASHINFER_SM120, topks
+        assert geometry.fallback_reason is None
+
+
 def test_runtime_page_flashinfer_keeps_upstream_pages():
     envelope = policy.SM120Envelope.from_decode_config("0.7.2", _decode_config())
     plan = policy.plan_pages(SM120, envelope)
@@ -163,6 +217,7 @@ def test_more_than_128_local_heads_are_refused(heads):
     assert "--tensor-parallel-size" in message
 
 
+@fixed_pages
 def test_unserved_topk_falls_back_to_triton_naming_the_supported_values():
     geometry = policy.negotiate(
         SM120, num_local_heads=64, kv_cache_dtype="fp8", swa_topks=[128, 160]

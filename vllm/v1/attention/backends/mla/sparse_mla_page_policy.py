@@ -59,8 +59,8 @@ class SM120Envelope:
     source: str
     page_sizes: frozenset[int] | None
     serves: Callable[[int, int], bool] = field(compare=False)
-    served_heads: tuple[int, ...]
-    served_topks: tuple[int, ...]
+    # What it serves, in words, for messages ("heads [...] and top-k [...]").
+    served: str
 
     @classmethod
     def from_dispatch_table(
@@ -71,8 +71,10 @@ class SM120Envelope:
             source=f"flashinfer {version} (fixed dispatch table)",
             page_sizes=frozenset({int(page_size)}),
             serves=lambda heads, topk: (heads, topk) in pairs,
-            served_heads=tuple(sorted({h for h, _ in pairs})),
-            served_topks=tuple(sorted({k for _, k in pairs})),
+            served=(
+                f"heads {sorted({h for h, _ in pairs})} and "
+                f"top-k {sorted({k for _, k in pairs})}"
+            ),
         )
 
     @classmethod
@@ -94,9 +96,19 @@ class SM120Envelope:
                     page_block_size=None if page_sizes is None else min(page_sizes),
                 )
             ),
-            served_heads=tuple(config.supported_num_heads()),
-            served_topks=tuple(sorted(config.topks)),
+            served=_describe_decode_config(config),
         )
+
+
+def _describe_decode_config(config: Any) -> str:
+    heads = list(config.supported_num_heads())
+    if heads == list(range(heads[0], heads[-1] + 1)):
+        head_text = f"heads {heads[0]}-{heads[-1]}"
+    else:
+        head_text = f"heads {heads}"
+    if config.topk_is_runtime:
+        return f"{head_text} and any top-k from {config.min_topk}"
+    return f"{head_text} and top-k {sorted(config.topks)}"
 
 
 def _flashinfer_version() -> str | None:
@@ -287,10 +299,9 @@ def choose_kernel(
         return plan.kernel_path, None
     return TRITON, (
         f"{envelope.source} has no SM120 decode kernel for {padded_heads} heads "
-        f"with top-k {missing} (it serves heads {list(envelope.served_heads)} "
-        f"and top-k {list(envelope.served_topks)}), so the Triton kernel runs "
-        "this model. For FlashInfer's kernel, change the speculative token "
-        "count or upgrade FlashInfer."
+        f"with top-k {missing} (it serves {envelope.served}), so the Triton "
+        "kernel runs this model. For FlashInfer's kernel, change the "
+        "speculative token count or upgrade FlashInfer."
     )
 
 
