@@ -67,10 +67,10 @@ def plot(json_path: str, png_path: str) -> None:
     ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
     ax.set_ylabel("achieved TFLOP/s")
     ax.set_title(
-        f"DSV4.1 Triton sparse MLA on {meta['gpu']}\n"
-        f"circle/square/triangle = 16/64/128 heads, blue = ours (decode), "
-        f"red = ours (prefill), green rings = FlashMLA; {meta['date']}",
-        fontsize=9,
+        f"DSV4.1 Triton sparse MLA on {meta['gpu']}, {meta['date']}\n"
+        f"circle/square/triangle = 16/64/128 heads; blue = ours (decode), "
+        f"red = ours (prefill), green rings = FlashMLA",
+        fontsize=8,
     )
     ax.grid(True, which="both", lw=0.3)
     fig.tight_layout()
