@@ -164,9 +164,12 @@ def default_config(tokens: int, heads: int) -> str:
     )
     chunks = -(-SWA_CAP // block_n) - (-CMP_CAP // block_n)
     base = tokens * -(-heads // block_h) * dv_splits
-    splits = K._default_splits(
-        base, chunks, torch.device("cuda"), K._programs_per_sm(block_h, num_warps)
-    )
+    # Older kernel copies (--kernel) have no per-SM program count.
+    per_sm = getattr(K, "_programs_per_sm", lambda bh, nw: 1)(block_h, num_warps)
+    if per_sm == 1:
+        splits = K._default_splits(base, chunks, torch.device("cuda"))
+    else:
+        splits = K._default_splits(base, chunks, torch.device("cuda"), per_sm)
     return f"bh{block_h} w{num_warps} bn{block_n} dv/{dv_splits} s{splits}"
 
 
