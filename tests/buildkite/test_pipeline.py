@@ -264,7 +264,7 @@ def _glob_matches(pattern: str, path: str) -> bool:
             {"gpu-h100", "gpu-b200", "gpu-rtx-pro-6000", "gpu-dgx-spark"},
         ),
         (
-            "vllm/models/deepseek_v41/report.py",
+            "vllm/v1/attention/backends/mla/sparse_mla_plan_report.py",
             {"gpu-h100", "gpu-b200", "gpu-rtx-pro-6000", "gpu-dgx-spark"},
         ),
         ("tools/pre_commit/check_spdx_header.py", set()),

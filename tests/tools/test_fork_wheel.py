@@ -115,6 +115,7 @@ def test_record_matches_contents(fork_wheel):
             assert int(size) == len(data), name
 
 
+@pytest.mark.install
 def test_installed_wheel_is_the_fork_with_no_plugin(fork_wheel):
     from tools.fork.main_job import install_fresh
 

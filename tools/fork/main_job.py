@@ -39,6 +39,7 @@ from tools.fork.patch_series import default_out_dir, generate  # noqa: E402
 
 # The architectures whose plan the main job prints: B200, RTX PRO 6000, GB10.
 PLAN_CAPABILITIES = ("10.0", "12.0", "12.1")
+PLAN_REPORT = "vllm.v1.attention.backends.mla.sparse_mla_plan_report"
 
 
 def install_fresh(wheel: Path, venv: Path | None = None) -> Path:
@@ -73,8 +74,7 @@ def run_base(base: str) -> list[Path]:
         )
         for capability in PLAN_CAPABILITIES:
             subprocess.run(
-                [python, "-m", "vllm.models.deepseek_v41.report", "plan",
-                 "--capability", capability],
+                [python, "-m", PLAN_REPORT, "plan", "--capability", capability],
                 check=True, cwd=cwd,
             )  # fmt: skip
     return [wheel, *patches]

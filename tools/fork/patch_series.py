@@ -46,7 +46,7 @@ SERIES_FILES: dict[str, tuple[str, ...]] = {
         "tests/models/deepseek_v41/conftest.py",
     ),
     VALIDATION: (
-        "vllm/models/deepseek_v41/report.py",
+        "vllm/v1/attention/backends/mla/sparse_mla_plan_report.py",
         "vllm/models/deepseek_v41/configs/*.json",
         "tests/models/deepseek_v41/test_flashinfer_sparse.py",
         "tests/models/deepseek_v41/test_kv_cache_planning.py",
@@ -94,8 +94,8 @@ MESSAGES = {
         tensor parallelism, the KV-cache dtype and --block-size against the
         page policy and raises one message naming what is supported and how
         to fix it; supports_combination() asks the same check. A plan report
-        (python -m vllm.models.deepseek_v41.report plan) prints the pages,
-        kernel and errors for a GPU without loading weights.
+        (python -m vllm.v1.attention.backends.mla.sparse_mla_plan_report plan)
+        prints the pages, kernel and errors for a GPU without loading weights.
         """,
     ),
     TRITON: (

@@ -543,10 +543,14 @@ def _forward_on_gpu(
     )
     geometry = sparse_mla_negotiation.negotiate_for_model(
         capability,
-        SimpleNamespace(num_attention_heads=case.heads, sliding_window=WINDOW),
+        SimpleNamespace(
+            num_attention_heads=case.heads,
+            sliding_window=WINDOW,
+            compress_ratios=[case.ratio],
+        ),
         tensor_parallel_size=1,
         kv_cache_dtype="fp8" if case.kv in ("packed", "fp8") else "auto",
-        uses_fp8_ds_mla_layout=layer_cls.use_fp8_ds_mla_layout,
+        attention_cls=layer_cls,
     )
     kernel = force_kernel or geometry.kernel_path
     seed = random.SystemRandom().randrange(2**31)

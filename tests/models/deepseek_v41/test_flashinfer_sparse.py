@@ -85,8 +85,15 @@ def test_other_backends_keep_upstream_pages(set_capability):
     [
         ((10, 0), "fp8_ds_mla", True),
         ((10, 0), "auto", False),
+        ((10, 0), None, False),
         ((12, 0), "fp8", False),
         ((12, 0), "bfloat16", True),
+        # No flag, or auto: the two-segment layer stores the packed record,
+        # as start-up resolves it; refusing it here would contradict start-up.
+        ((12, 0), "auto", False),
+        ((12, 1), None, False),
+        ((9, 0), "auto", False),
+        ((9, 0), None, False),
         ((9, 0), "fp8", False),
         ((8, 0), "fp8", True),
     ],
@@ -109,7 +116,11 @@ def test_supports_combination(capability, dtype, refused):
 def _vllm_config(heads=64, block_size=128, cache_dtype="auto", spec_tokens=None):
     return SimpleNamespace(
         model_config=SimpleNamespace(
-            hf_config=SimpleNamespace(num_attention_heads=heads, sliding_window=128)
+            hf_config=SimpleNamespace(
+                num_attention_heads=heads,
+                sliding_window=128,
+                compress_ratios=[0, 1, 2, 0],
+            )
         ),
         cache_config=SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size),
         speculative_config=(
@@ -207,6 +218,7 @@ def test_reported_missing_shape_runs_flashinfer(set_capability, single_gpu):
         ((12, 0), _vllm_config(cache_dtype="fp8", block_size=64), "--block-size 64"),
         ((10, 0), _vllm_config(block_size=192), r"multiple of 128"),
         ((8, 0), _vllm_config(cache_dtype="fp8"), "this GPU is SM80"),
+        ((12, 0), _vllm_config(heads=0), "0 attention heads"),
     ],
 )
 def test_unserved_configs_fail_before_the_layer_builds_anything(
@@ -223,3 +235,36 @@ def test_unserved_configs_fail_before_the_layer_builds_anything(
     )
     with pytest.raises(policy.UnsupportedSparseMLAConfig, match=match):
         cls(config, prefix="model.layers.1.attn")
+
+
+@pytest.mark.parametrize(
+    "tp, ratios, match",
+    [
+        (3, [0, 1, 2], "cannot be split evenly over --tensor-parallel-size 3"),
+        (1, [0, 4, 1], r"compress ratios \[4\] are not DeepSeek V4.1's"),
+    ],
+)
+def test_layers_refuse_what_the_report_refuses(
+    set_capability, monkeypatch, tp, ratios, match
+):
+    """The layer, the backend check and the plan report share one validation:
+    the same setups fail with the same message."""
+    from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
+
+    set_capability(12, 0)
+    monkeypatch.setattr(
+        sparse_mla_negotiation, "get_tensor_model_parallel_world_size", lambda: tp
+    )
+    config = _vllm_config(heads=128, cache_dtype="fp8")
+    config.model_config.hf_config.compress_ratios = ratios
+    with pytest.raises(policy.UnsupportedSparseMLAConfig, match=match) as built:
+        fi.DeepseekV4FlashInferSM120Attention(config, prefix="model.layers.1.attn")
+    hf = config.model_config.hf_config
+    hf.head_dim, hf.kv_source_layer_ids = 512, []
+    plan = report.make_plan(
+        policy.DeviceCapability(12, 0),
+        hf,
+        tensor_parallel_size=tp,
+        kv_cache_dtype="fp8",
+    )
+    assert plan.error == str(built.value)

@@ -15,7 +15,6 @@ import torch
 
 from tests.v1.attention.dsv41.flashinfer_release import fixed_pages
 from vllm.config import DeviceConfig, VllmConfig
-from vllm.models.deepseek_v41 import report
 from vllm.models.deepseek_v41.attention import (
     DeepseekV4IndexerCache,
     _indexer_k_cache_head_dim,
@@ -23,6 +22,7 @@ from vllm.models.deepseek_v41.attention import (
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fork
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
 from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 from vllm.v1.worker.utils import select_common_block_size

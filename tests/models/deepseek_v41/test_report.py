@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.v1.attention.dsv41.flashinfer_release import FIXED_SM120_PAGE, fixed_pages
-from vllm.models.deepseek_v41 import report
+from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
 
 
 def _plan(capsys, *args: str) -> tuple[int, dict]:

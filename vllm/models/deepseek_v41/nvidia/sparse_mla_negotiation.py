@@ -55,35 +55,101 @@ def swa_topks(
     return (window_size,)
 
 
+def attention_class_for(capability: DeviceCapability) -> type:
+    """The layer ``FLASHINFER_MLA_SPARSE_DSV41`` builds on ``capability``
+    (``_select_dsv4_attn_cls``): TRTLLM-gen's on SM10x, the two-segment layer
+    everywhere else."""
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+
+    if policy.is_sm100(capability):
+        return fi.DeepseekV4FlashInferMLAAttention
+    return fi.DeepseekV4FlashInferSM120Attention
+
+
+def resolve_kv_cache_dtype(
+    capability: DeviceCapability, kv_cache_dtype: str | None, attention_cls=None
+) -> str:
+    """``--kv-cache-dtype`` as the layer on ``capability`` resolves it
+    (``auto``/``fp8``/unset to the packed record on the two-segment layer)."""
+    cls = attention_cls or attention_class_for(capability)
+    try:
+        resolved, _ = _resolve_dsv4_kv_cache_dtype(
+            cls.use_fp8_ds_mla_layout, kv_cache_dtype or "auto", None
+        )
+    except ValueError:
+        # The policy's dtype check names what the layer reads instead.
+        resolved = kv_cache_dtype or "auto"
+    return str(resolved)
+
+
+def _refuse(message: str) -> None:
+    raise policy.UnsupportedSparseMLAConfig(
+        f"DeepSeek V4.1 on {policy.BACKEND_NAME}: {message}"
+    )
+
+
+def _check_model_shape(hf_config: Any, tensor_parallel_size: int) -> int:
+    """Refuse model values no DeepSeek V4.1 layer can be built with; returns
+    the attention heads per GPU."""
+    heads = hf_config.num_attention_heads
+    if heads <= 0:
+        _refuse(f"the model has {heads} attention heads; it needs at least one.")
+    if hf_config.sliding_window <= 0:
+        _refuse(f"sliding_window is {hf_config.sliding_window}; it must be positive.")
+    ratios = sorted(set(hf_config.compress_ratios))
+    unknown = [r for r in ratios if r != 0 and r not in DSV41_COMPRESS_RATIOS]
+    if unknown:
+        _refuse(
+            f"compress ratios {unknown} are not DeepSeek V4.1's: its layers "
+            f"are sliding-window only (0) or compressed with ratio "
+            f"{' or '.join(map(str, DSV41_COMPRESS_RATIOS))}."
+        )
+    if tensor_parallel_size < 1:
+        _refuse(f"--tensor-parallel-size {tensor_parallel_size} must be at least 1.")
+    if heads % tensor_parallel_size:
+        sizes = [tp for tp in range(1, heads + 1) if heads % tp == 0 and tp <= 64]
+        _refuse(
+            f"{heads} attention heads cannot be split evenly over "
+            f"--tensor-parallel-size {tensor_parallel_size}. Use one of {sizes}."
+        )
+    return heads // tensor_parallel_size
+
+
 def negotiate_for_model(
     capability: DeviceCapability,
     hf_config: Any,
     *,
     tensor_parallel_size: int,
-    kv_cache_dtype: str,
-    uses_fp8_ds_mla_layout: bool,
+    kv_cache_dtype: str | None,
     use_non_causal: bool = False,
     num_speculative_tokens: int | None = None,
+    block_size: int | None = None,
+    attention_cls: type | None = None,
     envelope: policy.SM120Envelope | None = None,
 ) -> LayerGeometry:
-    """The negotiated geometry of a DeepSeek V4.1 model on ``capability``."""
-    # Resolve "auto"/"fp8" the way the attention layer will before checking.
-    # The dtype check gives the clearer message for layouts that refuse it.
-    try:
-        resolved, _ = _resolve_dsv4_kv_cache_dtype(
-            uses_fp8_ds_mla_layout, kv_cache_dtype, None
-        )
-    except ValueError:
-        resolved = kv_cache_dtype
-    return policy.negotiate(
+    """Every check start-up makes for a DeepSeek V4.1 model on ``capability``,
+    and the geometry it negotiates; raises the one error start-up would.
+
+    The layers (at construction), ``supports_combination`` (the part it can
+    see) and the plan report all call this, so they cannot disagree.
+    """
+    local_heads = _check_model_shape(hf_config, tensor_parallel_size)
+    if num_speculative_tokens is not None and num_speculative_tokens < 0:
+        _refuse(f"{num_speculative_tokens} speculative tokens is not a count.")
+    geometry = policy.negotiate(
         capability,
-        num_local_heads=hf_config.num_attention_heads // tensor_parallel_size,
-        kv_cache_dtype=resolved,
+        num_local_heads=local_heads,
+        kv_cache_dtype=resolve_kv_cache_dtype(
+            capability, kv_cache_dtype, attention_cls
+        ),
         swa_topks=swa_topks(
             hf_config.sliding_window, use_non_causal, num_speculative_tokens
         ),
         envelope=envelope,
     )
+    if block_size is not None:
+        check_block_size(block_size)
+    return geometry
 
 
 def check_block_size(block_size: int) -> None:
@@ -123,13 +189,13 @@ def negotiate_layer(vllm_config: VllmConfig, attention_cls: type) -> LayerGeomet
         vllm_config.model_config.hf_config,
         tensor_parallel_size=get_tensor_model_parallel_world_size(),
         kv_cache_dtype=vllm_config.cache_config.cache_dtype,
-        uses_fp8_ds_mla_layout=attention_cls.use_fp8_ds_mla_layout,
         use_non_causal=vllm_config.attention_config.use_non_causal,
         num_speculative_tokens=(
             speculative.num_speculative_tokens if speculative else None
         ),
+        block_size=vllm_config.cache_config.block_size,
+        attention_cls=attention_cls,
     )
-    check_block_size(vllm_config.cache_config.block_size)
     if geometry.fallback_reason:
         logger.warning_once(geometry.fallback_reason)
     return geometry
@@ -180,12 +246,20 @@ def supports_compute_capability(capability: DeviceCapability) -> bool:
 
 
 def unsupported_reason(
-    capability: DeviceCapability, kv_cache_dtype: str | None
+    capability: DeviceCapability,
+    kv_cache_dtype: str | None,
+    block_size: int | None = None,
 ) -> str | None:
-    """Why the backend cannot run on ``capability`` with this cache dtype."""
+    """Why the backend cannot run on ``capability`` with this cache dtype and
+    ``--block-size`` (None: it can); the checks start-up makes that need no
+    model."""
     try:
         policy.plan_pages(capability)
-        policy.check_kv_cache_dtype(capability, kv_cache_dtype or "auto")
+        policy.check_kv_cache_dtype(
+            capability, resolve_kv_cache_dtype(capability, kv_cache_dtype)
+        )
+        if block_size is not None:
+            check_block_size(block_size)
     except policy.UnsupportedSparseMLAConfig as e:
         return str(e)
     return None

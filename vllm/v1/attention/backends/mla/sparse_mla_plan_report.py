@@ -2,34 +2,50 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """What DeepSeek V4.1 attention will do on a GPU, before loading any weights.
 
-    python -m vllm.models.deepseek_v41.report plan --capability 12.0 \
-        [--config config.json] [--tp N] [--kv-cache-dtype fp8_ds_mla] [--json]
+    python -m vllm.v1.attention.backends.mla.sparse_mla_plan_report plan \
+        --capability 12.0 [--config config.json] [--tp N] \
+        [--kv-cache-dtype fp8] [--num-speculative-tokens N --non-causal] [--json]
 
 Prints, for each KV cache (sliding window; compressed KV per ratio), the page
-size in tokens and bytes, the attention class and FlashInfer path that will
-run, the padded head count, and the error start-up would raise, if any. It
-needs no GPU: the architecture is given, the page policy reads FlashInfer's
-tables, and the page bytes come from vLLM's own KV-cache spec classes.
+size in tokens and bytes, the attention class and kernel that will run, the
+padded head count, and the error start-up would raise, if any. It needs no GPU:
+the architecture is given, the page policy reads FlashInfer's tables, the
+checks are the ones start-up makes, and the page bytes come from vLLM's own
+KV-cache spec classes.
+
+Exit status: 0 served, 1 refused (the start-up error is printed), 2 usage
+error (bad arguments, or a config file that is not a readable DeepSeek V4.1
+config). The report goes to stdout (``--json``: JSON only); vLLM's log lines
+go to stderr. The model modules are imported only after that, which is why
+this lives outside the model package (importing it loads the model).
 """
 
 import argparse
 import json
+import logging
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from vllm.models.deepseek_v41.attention import (
-    DeepseekV4Attention,
-    _resolve_dsv4_kv_cache_dtype,
-)
+import vllm
+from vllm.logger import init_logger
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
-from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
-from vllm.v1.kv_cache_interface import KVCacheSpec
 
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "dsv41_small.json"
+# Configures vLLM's log handler now, so main() can point it at stderr before
+# the model modules (which log as they load) are imported.
+logger = init_logger(__name__)
+
+DEFAULT_CONFIG = (
+    Path(vllm.__file__).parent
+    / "models"
+    / "deepseek_v41"
+    / "configs"
+    / "dsv41_small.json"
+)
 # What each kernel path calls, for the reader of the report.
 KERNEL_PATHS = {
     policy.TRTLLM_GEN: "FlashInfer TRTLLM-gen trtllm_batch_decode_sparse_mla_dsv4"
@@ -39,6 +55,20 @@ KERNEL_PATHS = {
     policy.TRITON: "the portable Triton kernel triton_sparse_mla_dsv41"
     " (two segments: SWA, then compressed)",
 }
+# model_type of DeepSeek V4.1 checkpoints (vLLM's DeepseekV41Config).
+DSV41_MODEL_TYPE = "deepseek_v41"
+# The fields the report reads, and their JSON types.
+REQUIRED_FIELDS = {
+    "num_attention_heads": int,
+    "head_dim": int,
+    "sliding_window": int,
+    "compress_ratios": list,
+    "kv_source_layer_ids": list,
+}
+
+
+class UsageError(ValueError):
+    """Bad input to the report itself (exit status 2)."""
 
 
 @dataclass
@@ -71,13 +101,17 @@ def cache_specs(
     plan: policy.PagePlan,
     kv_cache_dtype: str,
     uses_fp8_ds_mla_layout: bool,
-) -> dict[str, KVCacheSpec]:
+) -> dict[str, Any]:
     """The KV-cache specs a model's attention layers report, by layer name.
 
     Built by upstream's own ``get_kv_cache_spec`` methods on stand-ins that
     hold just the fields those methods read, with the negotiated page sizes.
     """
     from vllm.config.cache import CacheConfig
+    from vllm.models.deepseek_v41.attention import (
+        DeepseekV4Attention,
+        _resolve_dsv4_kv_cache_dtype,
+    )
     from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
         DeepseekV4FlashInferMLASparseBackend,
     )
@@ -85,6 +119,7 @@ def cache_specs(
         DSV41_COMPRESS_RATIOS,
         preferred_block_size,
     )
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
 
     cache_dtype, torch_dtype = _resolve_dsv4_kv_cache_dtype(
         uses_fp8_ds_mla_layout, kv_cache_dtype, None
@@ -112,7 +147,7 @@ def cache_specs(
         compressed_bytes_per_token=record_bytes,
         kv_page_alignment=512 if mxfp8 else 576,
     )
-    specs: dict[str, KVCacheSpec] = {}
+    specs: dict[str, Any] = {}
     for layer, ratio in enumerate(hf_config.compress_ratios):
         prefix = f"model.layers.{layer}.attn"
         swa = SimpleNamespace(
@@ -143,17 +178,6 @@ def cache_specs(
     return specs
 
 
-def attention_class_for(capability: DeviceCapability) -> type:
-    """The layer ``--attention-backend FLASHINFER_MLA_SPARSE_DSV41`` builds on
-    ``capability`` (``_select_dsv4_attn_cls``): TRTLLM-gen's on SM10x, the
-    two-segment layer everywhere else."""
-    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
-
-    if policy.is_sm100(capability):
-        return fi.DeepseekV4FlashInferMLAAttention
-    return fi.DeepseekV4FlashInferSM120Attention
-
-
 def make_plan(
     capability: DeviceCapability,
     hf_config: Any,
@@ -162,24 +186,26 @@ def make_plan(
     kv_cache_dtype: str = "auto",
     num_speculative_tokens: int | None = None,
     use_non_causal: bool = False,
+    block_size: int | None = None,
     envelope: policy.SM120Envelope | None = None,
 ) -> Plan:
     from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
 
     report = Plan(
         capability=f"{capability.major}.{capability.minor}",
-        local_heads=hf_config.num_attention_heads // tensor_parallel_size,
+        local_heads=hf_config.num_attention_heads // max(tensor_parallel_size, 1),
     )
     try:
-        attention_cls = attention_class_for(capability)
+        attention_cls = sparse_mla_negotiation.attention_class_for(capability)
         geometry = sparse_mla_negotiation.negotiate_for_model(
             capability,
             hf_config,
             tensor_parallel_size=tensor_parallel_size,
             kv_cache_dtype=kv_cache_dtype,
-            uses_fp8_ds_mla_layout=attention_cls.use_fp8_ds_mla_layout,
             use_non_causal=use_non_causal,
             num_speculative_tokens=num_speculative_tokens,
+            block_size=block_size,
+            attention_cls=attention_cls,
             envelope=envelope,
         )
     except policy.UnsupportedSparseMLAConfig as e:
@@ -263,28 +289,138 @@ def render(report: Plan) -> str:
     return "\n".join(lines)
 
 
+def parse_capability(text: str) -> DeviceCapability:
+    """``12.0``, ``12``, ``120``, ``sm_120``, ``sm120`` (and ``9.0``, ``90``,
+    ``sm_90``) -> the compute capability; raises UsageError otherwise."""
+    spelled = text.strip().lower()
+    m = re.fullmatch(r"(?:sm_?)?(\d+)(?:\.(\d+))?", spelled)
+    if m is None:
+        raise UsageError(
+            f"--capability {text!r}: give a compute capability such as 12.0, "
+            "12, 120 or sm_120"
+        )
+    digits, minor = m.group(1), m.group(2)
+    if minor is not None:
+        major, minor_value = int(digits), int(minor)  # 12.0
+    elif len(digits) == 3:
+        major, minor_value = int(digits[:2]), int(digits[2])  # 120, sm_120
+    elif len(digits) == 2 and int(digits) >= 20:
+        major, minor_value = int(digits[0]), int(digits[1])  # 90, sm_89
+    elif len(digits) <= 2:
+        major, minor_value = int(digits), 0  # 12, 9
+    else:
+        raise UsageError(f"--capability {text!r} is not a compute capability")
+    if not 1 <= major <= 20 or minor_value > 9:
+        raise UsageError(f"--capability {text!r} is not a compute capability")
+    return DeviceCapability(major, minor_value)
+
+
+def load_config(path: Path) -> Any:
+    """A DeepSeek V4.1 ``config.json`` (flat, or nested under ``text_config``)
+    as start-up would read it; raises UsageError saying what is wrong."""
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as e:
+        raise UsageError(f"--config {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--config {path} is not JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"--config {path} is not a JSON object")
+    text = raw.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise UsageError(f"--config {path}: text_config is not an object")
+    architectures = raw.get("architectures") or []
+    model_types = {raw.get("model_type"), (text or {}).get("model_type")}
+    if DSV41_MODEL_TYPE not in model_types and not any(
+        str(a).startswith("DeepseekV41") for a in architectures
+    ):
+        found = raw.get("model_type") or "none"
+        raise UsageError(
+            f"--config {path} is not a DeepSeek V4.1 config (model_type "
+            f"{found!r}; expected {DSV41_MODEL_TYPE!r})"
+        )
+    # The text model's fields, flattened over the top level the way vLLM's
+    # DeepseekV41Config does.
+    fields = {**{k: v for k, v in (text or {}).items() if k != "model_type"}}
+    fields.update({k: v for k, v in raw.items() if k not in ("text_config",)})
+    for name, kind in REQUIRED_FIELDS.items():
+        if name not in fields:
+            raise UsageError(f"--config {path}: the field {name!r} is missing")
+        value = fields[name]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise UsageError(
+                f"--config {path}: {name} is {value!r}; expected "
+                f"{'a list' if kind is list else 'an integer'}"
+            )
+        if kind is list and not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise UsageError(f"--config {path}: {name} must list integers")
+    return SimpleNamespace(**fields)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _logs_to_stderr() -> None:
+    """vLLM logs to stdout by default; the report owns stdout."""
+    for handler in logging.getLogger("vllm").handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (
+            sys.stdout,
+            sys.__stdout__,
+        ):
+            handler.setStream(sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm.v1.attention.backends.mla.sparse_mla_plan_report",
+        description=__doc__.split("\n\n")[0],
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="page sizes and kernels for one GPU")
-    p.add_argument("--capability", required=True, help="e.g. 10.0, 12.0, 12.1")
+    p.add_argument(
+        "--capability", required=True, help="e.g. 10.0, 12.0, 12.1, 120, sm_120"
+    )
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    p.add_argument("--tp", type=_positive_int, default=1, help="tensor parallel size")
     p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--num-speculative-tokens", type=int, default=None)
+    p.add_argument("--block-size", type=_positive_int, default=None)
+    p.add_argument("--num-speculative-tokens", type=_count, default=None)
     p.add_argument("--non-causal", action="store_true", help="DSpark non-causal")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="JSON on stdout, nothing else")
     args = parser.parse_args(argv)
-
-    major, minor = (int(x) for x in args.capability.split("."))
-    hf_config = SimpleNamespace(**json.loads(args.config.read_text()))
+    _logs_to_stderr()
+    try:
+        capability = parse_capability(args.capability)
+        hf_config = load_config(args.config)
+    except UsageError as e:
+        p.error(str(e))
     report = make_plan(
-        DeviceCapability(major, minor),
+        capability,
         hf_config,
         tensor_parallel_size=args.tp,
         kv_cache_dtype=args.kv_cache_dtype,
         num_speculative_tokens=args.num_speculative_tokens,
         use_non_causal=args.non_causal,
+        block_size=args.block_size,
     )
     print(json.dumps(asdict(report), indent=2) if args.json else render(report))
     return 1 if report.error else 0

@@ -1,0 +1,226 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The plan report as a user runs it: a subprocess, bad and edge inputs, its
+exit status (0 served, 1 refused, 2 usage) and the first line of its answer."""
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+COMMAND = [
+    sys.executable,
+    "-m",
+    "vllm.v1.attention.backends.mla.sparse_mla_plan_report",
+]
+
+# A small DeepSeek V4.1 text model, as its config.json spells it.
+DSV41 = {
+    "architectures": ["DeepseekV41ForCausalLM"],
+    "model_type": "deepseek_v41",
+    "num_attention_heads": 64,
+    "head_dim": 512,
+    "sliding_window": 128,
+    "compress_ratios": [0, 1, 2, 0],
+    "kv_source_layer_ids": [1, 2],
+}
+
+
+def _with(**changes) -> dict:
+    config = dict(DSV41)
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key)
+        else:
+            config[key] = value
+    return config
+
+
+# The layout upstream's DeepseekV41Config documents: the text model nested.
+NESTED = {
+    "architectures": ["DeepseekV41ForCausalLM"],
+    "model_type": "deepseek_v41",
+    "text_config": {k: v for k, v in DSV41.items() if k != "architectures"},
+    "vision_config": {"num_hidden_layers": 2},
+}
+
+
+@dataclass
+class Case:
+    args: list[str]
+    status: int
+    needle: str  # in the answer's first line (stdout; stderr's last for usage)
+    config: object = None  # JSON-able config, or raw text when a str
+    extra: dict = field(default_factory=dict)
+
+
+CASES = {
+    # usage errors: exit 2, argparse's message, nothing on stdout
+    "capability-three-parts": Case(["--capability", "12.0.1"], 2, "12.0.1"),
+    "capability-word": Case(["--capability", "blackwell"], 2, "compute capability"),
+    "tp-zero": Case(["--capability", "12.0", "--tp", "0"], 2, "0 is not a positive"),
+    "tp-word": Case(["--capability", "12.0", "--tp", "two"], 2, "'two' is not an int"),
+    "spec-negative": Case(
+        ["--capability", "12.0", "--num-speculative-tokens", "-1"], 2, "-1 is negative"
+    ),
+    "config-missing": Case(["--capability", "12.0"], 2, "No such file", config=None),
+    "config-empty": Case(["--capability", "12.0"], 2, "is not JSON", config=""),
+    "config-malformed": Case(["--capability", "12.0"], 2, "is not JSON", config="{"),
+    "config-llama": Case(
+        ["--capability", "12.0"],
+        2,
+        "is not a DeepSeek V4.1 config (model_type 'llama'",
+        config={"model_type": "llama", "num_attention_heads": 32},
+    ),
+    "config-no-window": Case(
+        ["--capability", "12.0"],
+        2,
+        "the field 'sliding_window' is missing",
+        config=_with(sliding_window=None),
+    ),
+    "config-window-string": Case(
+        ["--capability", "12.0"],
+        2,
+        "sliding_window is '128'; expected an integer",
+        config=_with(sliding_window="128"),
+    ),
+    "config-text-not-object": Case(
+        ["--capability", "12.0"],
+        2,
+        "text_config is not an object",
+        config={**NESTED, "text_config": [1]},
+    ),
+    # refused: exit 1, start-up's own message
+    "sm80": Case(["--capability", "8.0"], 1, "this GPU is SM80"),
+    "tp-3-of-128": Case(
+        ["--capability", "120", "--tp", "3"],
+        1,
+        "128 attention heads cannot be split evenly over --tensor-parallel-size 3",
+    ),
+    "ratio-4": Case(
+        ["--capability", "12.0"],
+        1,
+        "compress ratios [4] are not DeepSeek V4.1's",
+        config=_with(compress_ratios=[0, 4, 1, 0]),
+    ),
+    "zero-heads": Case(
+        ["--capability", "12.0"],
+        1,
+        "the model has 0 attention heads",
+        config=_with(num_attention_heads=0),
+    ),
+    "heads-over-128": Case(
+        ["--capability", "12.0"],
+        1,
+        "at most 128 attention heads",
+        config=_with(num_attention_heads=256),
+    ),
+    "bf16-on-sm120": Case(
+        ["--capability", "12.0", "--kv-cache-dtype", "bfloat16"],
+        1,
+        "--kv-cache-dtype bfloat16",
+    ),
+    "indexer-block-64": Case(
+        ["--capability", "12.0", "--block-size", "64"], 1, "--block-size 64"
+    ),
+    # served: exit 0
+    "sm_120": Case(["--capability", "sm_120"], 0, "plan for SM120"),
+    "sm90": Case(["--capability", "90"], 0, "plan for SM90"),
+    "nested-text-config": Case(
+        ["--capability", "12.0"], 0, "plan for SM120", config=NESTED
+    ),
+}
+
+
+def _run(name: str, case: Case, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    args = ["plan", *case.args, *extra]
+    if name == "config-missing":
+        args += ["--config", str(tmp / "absent.json")]
+    elif case.config is not None:
+        path = tmp / f"{name}.json"
+        text = case.config if isinstance(case.config, str) else json.dumps(case.config)
+        path.write_text(text)
+        args += ["--config", str(path)]
+    return subprocess.run(
+        [*COMMAND, *args], capture_output=True, text=True, timeout=300
+    )
+
+
+# The command's parsing does not depend on the vLLM release; a run that
+# tests several releases can ask for a few cases on all but one (each case is
+# a fresh interpreter that imports vLLM: seconds apiece).
+FEW = ("capability-word", "tp-3-of-128", "sm_120", "nested-text-config")
+if os.environ.get("DSV41_PLAN_REPORT_CASES") == "few":
+    CASES = {n: c for n, c in CASES.items() if n in FEW}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Every case as text, the refused and served ones also with --json,
+    run as subprocesses two at a time."""
+    tmp = tmp_path_factory.mktemp("configs")
+    jobs = [(n, c, ()) for n, c in CASES.items()]
+    jobs += [(n, c, ("--json",)) for n, c in CASES.items() if c.status != 2]
+    jobs.append(("config-malformed", CASES.get("config-malformed"), ("--json",)))
+    jobs = [j for j in jobs if j[1] is not None]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(lambda job: _run(job[0], job[1], tmp, *job[2]), jobs))
+    return {(n, bool(flags)): r for (n, _, flags), r in zip(jobs, done, strict=True)}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_exit_status_and_first_line(results, name):
+    case = CASES[name]
+    result = results[(name, False)]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.returncode == case.status, result.stdout + result.stderr[-2000:]
+    if case.status == 2:
+        assert result.stdout == ""
+        last = result.stderr.strip().splitlines()[-1]
+        assert "error:" in last and case.needle in last, last
+        return
+    lines = result.stdout.splitlines()
+    first = lines[1] if case.status == 1 else lines[0]
+    if case.status == 1:
+        assert first.startswith("start-up error: ")
+    assert case.needle in first, result.stdout
+
+
+@pytest.mark.parametrize(
+    "name", [n for n, c in CASES.items() if c.status != 2 or n == "config-malformed"]
+)
+def test_json_is_all_of_stdout_with_the_text_fields(results, name):
+    case = CASES[name]
+    result = results[(name, True)]
+    assert "Traceback" not in result.stderr
+    assert result.returncode == case.status
+    if case.status == 2:
+        assert result.stdout == ""
+        return
+    plan = json.loads(result.stdout)  # nothing but JSON on stdout
+    text = results[(name, False)].stdout
+    assert f"plan for SM{plan['capability'].replace('.', '')}" in text
+    if case.status == 1:
+        assert plan["error"] and case.needle in plan["error"]
+        assert plan["caches"] == []
+        return
+    assert plan["error"] is None
+    assert plan["kernel_path"] in text and plan["attention_class"] in text
+    for cache in plan["caches"]:
+        assert cache["cache"] in text
+        assert str(cache["page_bytes"]) in text
+
+
+def test_nested_config_reads_the_text_model(results):
+    plan = json.loads(results[("nested-text-config", True)].stdout)
+    assert plan["local_heads"] == DSV41["num_attention_heads"]
+    assert {c["cache"] for c in plan["caches"]} == {
+        "swa",
+        "compressed r=1",
+        "compressed r=2",
+    }
