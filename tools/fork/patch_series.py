@@ -51,6 +51,7 @@ SERIES_FILES: dict[str, tuple[str, ...]] = {
         "tests/models/deepseek_v41/test_flashinfer_sparse.py",
         "tests/models/deepseek_v41/test_kv_cache_planning.py",
         "tests/models/deepseek_v41/test_report.py",
+        "tests/models/deepseek_v41/test_plan_report_cli.py",
     ),
     TRITON: (
         "vllm/models/deepseek_v41/nvidia/sparse_mla_launcher.py",
