@@ -5,14 +5,13 @@
     python3 .buildkite/scripts/gpu_tests.py --expect-sm 100 --report b200 \
         -- tests/kernels/attention/test_flashinfer_sparse_mla_dsv41_blackwell.py
 
-1. Takes the fork wheel the ``fork-wheel`` step uploaded (inside Buildkite),
-   or builds it (anywhere else).
+1. Takes the fork wheel of the step's base (``VLLM_FORK_BASE``, default the
+   pin's) for the agent's CPU architecture (x86_64, or aarch64 on GB200 and
+   DGX Spark) that the ``fork-wheel`` step uploaded (inside Buildkite), or
+   builds it (anywhere else).
 2. Installs it into ``.venv-gpu`` with the pinned torch and FlashInfer from
    the package index (CUDA builds there); the venv is reused while the wheel
-   is the same. On aarch64 (DGX Spark) the fork wheel, which is assembled from
-   upstream's x86_64 wheel, cannot install: there the pinned upstream release
-   is installed and the overlay linked into it, as ``tools/fork/dev_env.py``
-   does.
+   is the same.
 3. Refuses to run on a GPU other than the one the step is for: a B200 step
    that lands on an H100 would otherwise skip every test and pass.
 4. Runs pytest with the given arguments from the checkout, writes a JUnit
@@ -39,12 +38,10 @@ sys.path.insert(0, str(REPO))
 
 from tools.fork.common import (  # noqa: E402
     DEV_REQUIREMENTS,
-    load_pin,
     log,
     provision_venv,
     run,
     sha256_of,
-    site_packages,
     venv_python,
 )
 
@@ -65,44 +62,29 @@ def pinned_requirement(name: str) -> str:
     raise SystemExit(f"{DEV_REQUIREMENTS.name} pins no {name}")
 
 
+def machine_arch() -> str:
+    machine = platform.machine().lower()
+    return "aarch64" if machine in ("aarch64", "arm64") else machine
+
+
 def fork_wheel() -> Path:
-    tag = load_pin().LOCAL_VERSION_TAG
+    """The fork wheel of this step's base (``VLLM_FORK_BASE``) for this
+    agent's CPU architecture: the wheel step's artifact, else built here."""
+    from tools.fork.build_wheel import build, fork_wheel_name
+
+    name = fork_wheel_name(machine_arch())
     if os.environ.get("BUILDKITE_BUILD_ID"):
         run(
-            "buildkite-agent", "artifact", "download", "dist/*.whl", ".",
+            "buildkite-agent", "artifact", "download", f"dist/{name}", ".",
             "--step", WHEEL_STEP_KEY, cwd=REPO,
         )  # fmt: skip
-    wheels = sorted((REPO / "dist").glob(f"vllm-*+{tag}-*.whl"))
-    if wheels:
-        return wheels[-1]
-    from tools.fork.build_wheel import build
-
-    return build(REPO / "dist")
+    wheel = REPO / "dist" / name
+    return wheel if wheel.exists() else build(REPO / "dist", machine_arch())
 
 
 def provision() -> Path:
-    """``.venv-gpu`` with the fork (wheel, or overlay on aarch64) and pytest."""
+    """``.venv-gpu`` with the fork wheel (x86_64 or aarch64) and pytest."""
     pytest_pin = pinned_requirement("pytest")
-    if platform.machine() in ("aarch64", "arm64"):
-        pin = load_pin()
-        wanted = f"aarch64 vllm=={pin.VLLM_VERSION} + overlay"
-        if not (STAMP.exists() and STAMP.read_text() == wanted):
-            shutil.rmtree(VENV, ignore_errors=True)
-            provision_venv(
-                VENV,
-                f"vllm=={pin.VLLM_VERSION}",
-                (pytest_pin, pinned_requirement("setuptools")),
-            )
-            # The dev distribution declares the plugin entry point.
-            run(
-                venv_python(VENV), "-m", "pip", "install", "-q", "--no-deps",
-                "--no-build-isolation", REPO,
-            )  # fmt: skip
-            STAMP.write_text(wanted)
-        from tools.fork.dev_env import link_overlay
-
-        link_overlay(site_packages(VENV) / "vllm")
-        return venv_python(VENV)
     wheel = fork_wheel()
     wanted = sha256_of(wheel)
     if STAMP.exists() and STAMP.read_text() == wanted:

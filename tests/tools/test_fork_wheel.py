@@ -129,3 +129,49 @@ def test_installed_wheel_is_the_fork_with_no_plugin(fork_wheel):
         )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "the fork's classes load with no plugin" in result.stdout
+
+
+def test_aarch64_wheel_carries_the_same_fork(fork_wheel):
+    """The aarch64 wheel (GB200, GB10): upstream's aarch64 entries with the
+    same edited files and new modules as the x86_64 wheel."""
+    from tools.fork.common import upstream_wheel
+
+    arm = build_wheel.build(REPO / "dist", "aarch64")
+    assert arm.name.endswith("_aarch64.whl") and "+dsv41sm12x-" in arm.name
+    edited = edited_upstream_files(upstream_wheel("aarch64"))
+    with zipfile.ZipFile(arm) as a, zipfile.ZipFile(fork_wheel) as x:
+        for name, data in edited.items():
+            assert a.read(name) == data == x.read(name), name
+        for path in overlay_files():
+            assert a.read(str(path)) == (REPO / path).read_bytes(), path
+        # Its compiled parts are upstream's aarch64 ones, not the x86_64 ones.
+        compiled = [i for i in a.infolist() if i.filename.endswith(".so")]
+        assert compiled
+        x86 = {i.filename: i.CRC for i in x.infolist()}
+        assert all(x86.get(i.filename) != i.CRC for i in compiled)
+
+
+def test_unwritable_output_folder_is_one_clear_error(tmp_path):
+    # A folder under a file cannot be made, by root either.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = blocker / "dist"
+    result = subprocess.run(
+        [sys.executable, REPO / "tools" / "fork" / "build_wheel.py", "--out", out],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert f"cannot write the fork wheel to {out}" in result.stderr
+    assert "--out" in result.stderr
+
+
+def test_a_failed_build_leaves_no_partial_wheel(tmp_path, monkeypatch):
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(build_wheel, "_write", full_disk)
+    with pytest.raises(SystemExit, match="No space left on device"):
+        build_wheel.build(tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -15,8 +15,10 @@ import base64
 import csv
 import hashlib
 import io
+import os
 import struct
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -43,9 +45,10 @@ def fork_version() -> str:
     return f"{pin.VLLM_VERSION}+{pin.LOCAL_VERSION_TAG}"
 
 
-def fork_wheel_name() -> str:
+def fork_wheel_name(arch: str | None = None) -> str:
     pin = load_pin()
-    return pin.VLLM_WHEEL.replace(pin.VLLM_VERSION, fork_version(), 1)
+    upstream_name, _ = pin.WHEELS[arch or pin.DEFAULT_ARCH]
+    return upstream_name.replace(pin.VLLM_VERSION, fork_version(), 1)
 
 
 def _record_hash(data: bytes) -> str:
@@ -87,15 +90,48 @@ def _copy_compressed(
     dst.start_dir = dst.fp.tell()
 
 
-def build(out_dir: Path) -> Path:
+def build(out_dir: Path, arch: str | None = None) -> Path:
+    """Write the fork wheel for ``arch`` into ``out_dir``; return its path.
+
+    The wheel is written under a temporary name in ``out_dir`` and renamed
+    when complete, so concurrent builds cannot collide, a reader never sees a
+    partial wheel, and an interrupted or failed build (a full disk, say)
+    leaves nothing behind.
+    """
     pin = load_pin()
-    source = upstream_wheel()
+    source = upstream_wheel(arch)
+    target = out_dir / fork_wheel_name(arch)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(
+            dir=out_dir, prefix=f".{target.name}.", suffix=".partial"
+        )
+    except OSError as e:
+        raise SystemExit(
+            f"cannot write the fork wheel to {out_dir}: {e.strerror or e}. "
+            "Choose a writable folder with --out."
+        ) from None
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        _write(source, tmp, pin)
+        tmp.chmod(0o644)  # mkstemp's file is private; a wheel is not
+        tmp.replace(target)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise SystemExit(
+                f"writing {target} failed: {e.strerror or e} (the partial "
+                "wheel was removed)"
+            ) from None
+        raise
+    return target
+
+
+def _write(source: Path, tmp: Path, pin) -> None:
+    """The fork wheel's entries, from the upstream wheel ``source``."""
     old_info = f"vllm-{pin.VLLM_VERSION}.dist-info/"
     new_info = f"vllm-{fork_version()}.dist-info/"
-    target = out_dir / fork_wheel_name()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".partial")
-
     edited = edited_upstream_files(source)
     files = fork_files(source)
     with zipfile.ZipFile(source) as src:
@@ -146,8 +182,6 @@ def build(out_dir: Path) -> Path:
             zinfo.compress_type = zipfile.ZIP_DEFLATED
             zinfo.external_attr = 0o644 << 16
             dst.writestr(zinfo, buf.getvalue())
-    tmp.replace(target)
-    return target
 
 
 def _with_version(metadata: str, version: str) -> str:
@@ -161,9 +195,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "dist")
     add_base_argument(parser)
+    parser.add_argument(
+        "--arch", default=None, help="x86_64 or aarch64 (default: the pin's)"
+    )
     args = parser.parse_args()
     select_base(args.base)
-    wheel = build(args.out)
+    wheel = build(args.out, args.arch)
     log(f"built {wheel} ({wheel.stat().st_size / 1e6:.0f} MB)")
     print(wheel)
 

@@ -35,6 +35,7 @@ def load_pin(base: str | None = None) -> SimpleNamespace:
             f"({PIN_FILE.relative_to(REPO)})."
         )
     shared = {k: v for k, v in values.items() if k.isupper() and k != "BASES"}
+    shared["ARCHES"] = tuple(values["BASES"][base]["WHEELS"])
     return SimpleNamespace(VLLM_VERSION=base, **shared, **values["BASES"][base])
 
 
@@ -122,31 +123,44 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def upstream_wheel() -> Path:
-    """The pinned upstream vLLM wheel, downloaded once and checked every time.
+def upstream_wheel(arch: str | None = None) -> Path:
+    """The pinned upstream vLLM wheel for ``arch`` (default: the pin's
+    ``DEFAULT_ARCH``), downloaded once and checked every time.
 
     A wheel whose sha256 differs from the pin is deleted and the build stops:
-    the fork wheel must be the pinned upstream's bytes plus the overlay.
+    the fork wheel must be the pinned upstream's bytes plus the fork's edits.
     """
     pin = load_pin()
-    path = WHEEL_CACHE / pin.VLLM_WHEEL
+    arch = arch or pin.DEFAULT_ARCH
+    if arch not in pin.WHEELS:
+        raise SystemExit(
+            f"no pinned vLLM {pin.VLLM_VERSION} wheel for {arch}; the pin has "
+            f"{', '.join(pin.WHEELS)}"
+        )
+    name, sha256 = pin.WHEELS[arch]
+    path = WHEEL_CACHE / name
     if not path.exists():
         WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
+        platform_tag = name.rsplit("-", 1)[-1].removesuffix(".whl")
+        # pip downloads into a temporary folder and moves the file into
+        # --dest when it is complete, so an interrupted download leaves no
+        # partial wheel and two builds at once do not collide.
         run_pip(
             Path(sys.executable), "download", "--no-deps", "--only-binary=:all:",
-            "--dest", WHEEL_CACHE, f"vllm=={pin.VLLM_VERSION}", env=dict(os.environ),
+            "--platform", platform_tag, "--dest", WHEEL_CACHE,
+            f"vllm=={pin.VLLM_VERSION}", env=dict(os.environ),
         )  # fmt: skip
     if not path.exists():
         raise SystemExit(
-            f"pip did not produce {pin.VLLM_WHEEL}; the fork is built from the "
-            f"x86_64 manylinux wheel of vLLM {pin.VLLM_VERSION}."
+            f"pip did not produce {name}; the fork is built from that "
+            f"manylinux wheel of vLLM {pin.VLLM_VERSION}."
         )
     actual = sha256_of(path)
-    if actual != pin.VLLM_WHEEL_SHA256:
+    if actual != sha256:
         path.unlink()
         raise SystemExit(
-            f"{pin.VLLM_WHEEL} has sha256 {actual}, but the pin in "
-            f"{PIN_FILE.relative_to(REPO)} says {pin.VLLM_WHEEL_SHA256}. "
+            f"{name} has sha256 {actual}, but the pin in "
+            f"{PIN_FILE.relative_to(REPO)} says {sha256}. "
             "The download was deleted; run again, and if it still differs the "
             "package index serves another file than the one the fork was built on."
         )

@@ -62,9 +62,11 @@ def install_fresh(wheel: Path, venv: Path | None = None) -> Path:
 
 def run_base(base: str) -> list[Path]:
     """Build, install and check the fork of one base; returns its products."""
-    select_base(base)
+    pin = select_base(base)
     log(f"=== vLLM {base} ===")
-    wheel = build(REPO / "dist")
+    # One wheel per CPU architecture; this machine installs and checks its own.
+    wheels = [build(REPO / "dist", arch) for arch in pin.ARCHES]
+    wheel = wheels[pin.ARCHES.index(pin.DEFAULT_ARCH)]
     patches = generate(default_out_dir())
     python = install_fresh(wheel)
     # Run outside the checkout so nothing can be imported from it.
@@ -77,7 +79,7 @@ def run_base(base: str) -> list[Path]:
                 [python, "-m", PLAN_REPORT, "plan", "--capability", capability],
                 check=True, cwd=cwd,
             )  # fmt: skip
-    return [wheel, *patches]
+    return [*wheels, *patches]
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ fixed tables on vLLM 0.30.0, 0.7.2.post1's runtime configuration on 0.33.0."""
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -77,10 +78,38 @@ def test_gpus_without_flashinfer_kernels_run_triton(capability):
     assert plan.compressed_block_size(2) is None
 
 
-def test_sm12x_without_flashinfer_sm120_kernels_runs_triton(monkeypatch):
-    monkeypatch.setattr(policy, "installed_sm120_envelope", lambda *a: None)
-    plan = policy.plan_pages(SM120)
+@pytest.fixture
+def fresh_flashinfer_probe():
+    policy._installed_sm120.cache_clear()
+    yield
+    policy._installed_sm120.cache_clear()
+
+
+def test_sm12x_without_flashinfer_runs_triton_and_says_why(
+    monkeypatch, fresh_flashinfer_probe
+):
+    monkeypatch.setattr(policy, "_flashinfer_version", lambda: None)
+    geometry = policy.negotiate(
+        SM120, num_local_heads=64, kv_cache_dtype="fp8", swa_topks=[128]
+    )
+    assert geometry.kernel_path == policy.TRITON
+    assert geometry.fallback_reason.startswith("FlashInfer is not installed")
+    assert "portable Triton kernel" in geometry.fallback_reason
+
+
+def test_unusable_flashinfer_07_is_said_with_its_error(
+    monkeypatch, fresh_flashinfer_probe
+):
+    """The 0.7 branch imports flashinfer.mla: a failing import is a reason,
+    not a crash of the policy."""
+    monkeypatch.setattr(policy, "_flashinfer_version", lambda: "0.7.9")
+    monkeypatch.setitem(sys.modules, "flashinfer.mla", None)  # import fails
+    plan = policy.plan_pages(SM121)
     assert plan.kernel_path == policy.TRITON
+    assert "flashinfer 0.7.9 is installed but its SM120" in plan.note
+    assert "ModuleNotFoundError" in plan.note
+    # Off SM12x nothing about FlashInfer's SM120 kernels is said.
+    assert policy.plan_pages(SM90).note is None
 
 
 @pytest.mark.parametrize("capability", [DeviceCapability(8, 0), DeviceCapability(7, 5)])

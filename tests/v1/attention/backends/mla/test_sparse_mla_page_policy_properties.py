@@ -23,10 +23,10 @@ DTYPES = sorted(PACKED | PLAIN_ROWS | {"fp8_e5m2", "nvfp4_ds_mla", "", "int8"})
 
 @st.composite
 def envelopes(draw):
-    """None (no SM120 kernels), a fixed dispatch table, or a 0.7-style
-    runtime configuration with random limits."""
-    kind = draw(st.sampled_from(["none", "table", "runtime"]))
-    if kind == "none":
+    """None (the installed FlashInfer's), a fixed dispatch table, or a
+    0.7-style runtime configuration with random limits."""
+    kind = draw(st.sampled_from(["installed", "table", "runtime"]))
+    if kind == "installed":
         return None
     if kind == "table":
         pairs = draw(
@@ -79,6 +79,7 @@ def test_plan_is_served_or_refused(major, minor, heads, tp, dtype, topks, envelo
         assert str(e)  # the policy's own error, with a message
         return
     plan = geometry.plan
+    envelope = envelope or policy.installed_sm120_envelope()
     # Heads: padded to a count the kernels take, never fewer than the model's.
     assert geometry.padded_heads in HEAD_COUNTS
     assert geometry.padded_heads >= local

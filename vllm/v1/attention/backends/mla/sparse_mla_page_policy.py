@@ -150,23 +150,41 @@ def _family_for_record(bytes_per_token: int) -> str:
 
 
 @functools.cache
-def installed_sm120_envelope(bytes_per_token: int = 584) -> SM120Envelope | None:
-    """The SM120 envelope of the installed FlashInfer; None if it has none."""
+def _installed_sm120(bytes_per_token: int) -> tuple[SM120Envelope | None, str | None]:
+    """The installed FlashInfer's SM120 envelope, or None and why not."""
     version = _flashinfer_version()
     if version is None:
-        return None
+        return None, "FlashInfer is not installed (flashinfer-python)"
     major_minor = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
     if major_minor >= (0, 7):
-        from flashinfer.mla import supported_sparse_mla_sm120_configs
+        try:
+            from flashinfer.mla import supported_sparse_mla_sm120_configs
 
-        configs = supported_sparse_mla_sm120_configs()
-        config = configs.get(_family_for_record(bytes_per_token))
-        return (
-            None
-            if config is None
-            else SM120Envelope.from_decode_config(version, config)
-        )
-    return _read_static_tables(version)
+            configs = supported_sparse_mla_sm120_configs()
+        except Exception as e:  # any failure means: no usable SM120 kernels
+            return None, (
+                f"flashinfer {version} is installed but its SM120 sparse-MLA "
+                f"configuration failed to load ({type(e).__name__}: {e})"
+            )
+        family = _family_for_record(bytes_per_token)
+        config = configs.get(family)
+        if config is None:
+            return None, f"flashinfer {version} has no SM120 {family} kernels"
+        return SM120Envelope.from_decode_config(version, config), None
+    envelope = _read_static_tables(version)
+    if envelope is None:
+        return None, f"flashinfer {version} has no SM120 sparse-MLA decode kernels"
+    return envelope, None
+
+
+def installed_sm120_envelope(bytes_per_token: int = 584) -> SM120Envelope | None:
+    """The SM120 envelope of the installed FlashInfer; None if it has none."""
+    return _installed_sm120(bytes_per_token)[0]
+
+
+def sm120_unavailable_reason(bytes_per_token: int = 584) -> str | None:
+    """Why the installed FlashInfer serves no SM120 kernel (None if it does)."""
+    return _installed_sm120(bytes_per_token)[1]
 
 
 class UnsupportedSparseMLAConfig(ValueError):
@@ -188,6 +206,8 @@ class PagePlan:
     swa_block_size: int
     compressed_states: int | None
     envelope: SM120Envelope | None = None
+    # Why the plan is not the GPU's usual kernel (shown once, at start-up).
+    note: str | None = None
 
     def compressed_block_size(self, compress_ratio: int) -> int | None:
         """Tokens per compressed-KV page for a layer of ``compress_ratio``."""
@@ -238,9 +258,17 @@ def plan_pages(
             return PagePlan(
                 capability, FLASHINFER_SM120, upstream_swa_block_size(), None, envelope
             )
+    note = None
+    if is_sm120(capability):
+        note = (
+            f"{sm120_unavailable_reason() or 'no FlashInfer SM120 kernels'}, so "
+            "the portable Triton kernel runs DeepSeek V4.1's sparse MLA on this "
+            f"SM{capability.to_int()} GPU. For FlashInfer's kernels install "
+            "the flashinfer-python release this vLLM pins."
+        )
     if capability.to_int() >= TRITON_MIN_CAPABILITY:
         # No FlashInfer kernel for this GPU: the Triton kernel takes any page.
-        return PagePlan(capability, TRITON, upstream_swa_block_size(), None)
+        return PagePlan(capability, TRITON, upstream_swa_block_size(), None, note=note)
     raise UnsupportedSparseMLAConfig(
         f"{BACKEND_NAME} runs on SM10x (B200, GB200) and SM12x (RTX 50xx, RTX "
         "PRO 6000, GB10) through FlashInfer, and on other GPUs from SM89 on "
@@ -339,4 +367,6 @@ def negotiate(
     padded = pad_q_heads(num_local_heads)
     topks = tuple(sorted(set(swa_topks)))
     kernel, reason = choose_kernel(plan, padded, topks)
-    return LayerGeometry(plan, padded, kv_cache_dtype, topks, kernel, reason)
+    return LayerGeometry(
+        plan, padded, kv_cache_dtype, topks, kernel, reason or plan.note
+    )
