@@ -66,7 +66,9 @@ CASES = {
     "tp-zero": Case(["--capability", "12.0", "--tp", "0"], 2, "0 is not a positive"),
     "tp-word": Case(["--capability", "12.0", "--tp", "two"], 2, "'two' is not an int"),
     "spec-negative": Case(
-        ["--capability", "12.0", "--num-speculative-tokens", "-1"], 2, "-1 is negative"
+        ["--capability", "12.0", "--num-speculative-tokens", "-1"],
+        2,
+        "-1 is not at least 0",
     ),
     "config-missing": Case(["--capability", "12.0"], 2, "No such file", config=None),
     "config-empty": Case(["--capability", "12.0"], 2, "is not JSON", config=""),

@@ -359,24 +359,20 @@ def load_config(path: Path) -> Any:
     return SimpleNamespace(**fields)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
+def _int_at_least(minimum: int):
+    """An argparse type: an integer no smaller than ``minimum``."""
 
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            what = "a positive integer" if minimum == 1 else f"at least {minimum}"
+            raise argparse.ArgumentTypeError(f"{value} is not {what}")
+        return value
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
+    return parse
 
 
 def _logs_to_stderr() -> None:
@@ -400,10 +396,12 @@ def main(argv: list[str] | None = None) -> int:
         "--capability", required=True, help="e.g. 10.0, 12.0, 12.1, 120, sm_120"
     )
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    p.add_argument("--tp", type=_positive_int, default=1, help="tensor parallel size")
+    p.add_argument(
+        "--tp", type=_int_at_least(1), default=1, help="tensor parallel size"
+    )
     p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--block-size", type=_positive_int, default=None)
-    p.add_argument("--num-speculative-tokens", type=_count, default=None)
+    p.add_argument("--block-size", type=_int_at_least(1), default=None)
+    p.add_argument("--num-speculative-tokens", type=_int_at_least(0), default=None)
     p.add_argument("--non-causal", action="store_true", help="DSpark non-causal")
     p.add_argument("--json", action="store_true", help="JSON on stdout, nothing else")
     args = parser.parse_args(argv)
