@@ -32,7 +32,7 @@ from tools.fork.common import (  # noqa: E402
     select_base,
     upstream_wheel,
 )
-from tools.fork.fork_tree import edited_upstream_files, fork_files  # noqa: E402
+from tools.fork.fork_tree import fork_files  # noqa: E402
 
 # Local file header: signature, version, flags, method, time, date, crc32,
 # compressed size, size, name length, extra length (APPNOTE 4.3.7).
@@ -132,8 +132,8 @@ def _write(source: Path, tmp: Path, pin) -> None:
     """The fork wheel's entries, from the upstream wheel ``source``."""
     old_info = f"vllm-{pin.VLLM_VERSION}.dist-info/"
     new_info = f"vllm-{fork_version()}.dist-info/"
-    edited = edited_upstream_files(source)
-    files = fork_files(source)
+    edited, new = fork_files(source)
+    files = {**edited, **new}
     with zipfile.ZipFile(source) as src:
         upstream_names = set(src.namelist())
         shadowing = sorted(set(files) - set(edited) & upstream_names)

@@ -34,10 +34,11 @@ def new_files() -> dict[str, bytes]:
     return {str(p): (REPO / p).read_bytes() for p in overlay_files()}
 
 
-def fork_files(wheel: Path) -> dict[str, bytes]:
-    """Every file the fork adds to or changes in the upstream wheel."""
+def fork_files(wheel: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """(edited upstream files, the fork's new files), each keyed by its path
+    in the wheel; says which upstream files the edits change."""
     edited = edited_upstream_files(wheel)
     log(f"in-place edits: {len(EDITS)} edits in {len(edited)} upstream files")
     for path in sorted(edited):
         log(f"  edited {path}")
-    return {**edited, **new_files()}
+    return edited, new_files()
