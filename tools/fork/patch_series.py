@@ -58,6 +58,7 @@ SERIES_FILES: dict[str, tuple[str, ...]] = {
         "vllm/v1/attention/ops/triton_dsv41_sparse_mla.py",
         "tests/models/deepseek_v41/test_sparse_mla_launcher.py",
         "tests/kernels/attention/test_*dsv41*.py",
+        "tests/kernels/attention/test_gpu_tests_use_live_names.py",
         "tools/kernels/dsv41_sparse_mla_offline.py",
         "benchmarks/kernels/*dsv41_sparse_mla*.py",
         # The benchmark's FlashMLA peer (its sources are fetched, not added).

@@ -85,6 +85,8 @@ WORKSPACE_BYTES = 128 << 20  # what vLLM hands FlashInfer's DSV4 launcher
 # Where the kernels run. A module global so the harness itself can be dry-run
 # on CPU (reference launcher, Triton interpreter) when no GPU is at hand.
 DEVICE = torch.device("cuda")
+# The sliding-window page upstream vLLM builds (the crash on FlashInfer 0.6.x).
+UPSTREAM_SWA_PAGE = 32
 # The name upstream's attention module calls FlashInfer's launcher by.
 LAUNCHER_NAME = "flashinfer_trtllm_batch_decode_sparse_mla_dsv4"
 
@@ -489,11 +491,11 @@ def test_sm12x_upstream_swa_page_refused_negotiated_page_served(
             f"{plan.envelope.source if plan.envelope else 'FlashInfer'} takes "
             "page sizes at run time: upstream's 32-token page is not refused"
         )
-    assert plan.swa_block_size != policy.UPSTREAM_SWA_BLOCK_SIZE
+    assert plan.swa_block_size != UPSTREAM_SWA_PAGE
     case = KernelCase(((40, 1), (100, 1), (300, 1)), 16, 2, "packed")
     comp_states = _compressed_states(plan, case.ratio)
 
-    upstream = _kernel_world(case, policy.UPSTREAM_SWA_BLOCK_SIZE, comp_states, 7)
+    upstream = _kernel_world(case, UPSTREAM_SWA_PAGE, comp_states, 7)
     gpu_kwargs = {k: _to_gpu(v) for k, v in _sm12x_arguments(upstream).items()}
     with pytest.raises(
         (ValueError, RuntimeError),
