@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from tools.fork.common import REPO, load_pin, overlay_files
+from tools.fork.common import REPO, load_pin, new_module_files
 from tools.fork.edit_engine import EditError, apply_edit, apply_edits
 from tools.fork.edits import CONCERNS, EDITS
 from tools.fork.patch_series import series_files
@@ -54,7 +54,7 @@ def test_an_edit_fails_loudly_when_upstream_moves(pristine):
 def test_every_edit_and_new_file_belongs_to_one_patch():
     assert {e.concern for e in EDITS} == set(CONCERNS)
     in_series = {p for files in series_files().values() for p in files}
-    for path in overlay_files():
+    for path in new_module_files():
         name = str(path)
         if name.startswith("vllm/models/deepseek_v4_1/") or name.endswith(
             "__init__.py"
@@ -64,7 +64,7 @@ def test_every_edit_and_new_file_belongs_to_one_patch():
 
 
 def _fork_python_files():
-    for path in overlay_files():
+    for path in new_module_files():
         if path.suffix == ".py":
             yield path, ast.parse((REPO / path).read_text())
 

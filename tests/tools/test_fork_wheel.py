@@ -15,7 +15,7 @@ import zipfile
 import pytest
 
 from tools.fork import build_wheel
-from tools.fork.common import REPO, load_pin, overlay_files
+from tools.fork.common import REPO, load_pin, new_module_files
 from tools.fork.fork_tree import edited_upstream_files
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,7 @@ def test_new_modules_and_upstreams_entry_points(fork_wheel, upstream_wheel_path)
     ours = f"vllm-{pin.VLLM_VERSION}+{pin.LOCAL_VERSION_TAG}.dist-info/"
     theirs = f"vllm-{pin.VLLM_VERSION}.dist-info/"
     with zipfile.ZipFile(fork_wheel) as zf, zipfile.ZipFile(upstream_wheel_path) as up:
-        for path in overlay_files():
+        for path in new_module_files():
             assert zf.read(str(path)) == (REPO / path).read_bytes(), path
         # No plugin: the entry points are upstream's, byte for byte.
         assert zf.read(ours + "entry_points.txt") == up.read(
@@ -142,7 +142,7 @@ def test_aarch64_wheel_carries_the_same_fork(fork_wheel):
     with zipfile.ZipFile(arm) as a, zipfile.ZipFile(fork_wheel) as x:
         for name, data in edited.items():
             assert a.read(name) == data == x.read(name), name
-        for path in overlay_files():
+        for path in new_module_files():
             assert a.read(str(path)) == (REPO / path).read_bytes(), path
         # Its compiled parts are upstream's aarch64 ones, not the x86_64 ones.
         compiled = [i for i in a.infolist() if i.filename.endswith(".so")]

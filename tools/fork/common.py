@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[2]
-OVERLAY = REPO / "vllm"
+NEW_MODULES = REPO / "vllm"
 PIN_FILE = REPO / "tools" / "fork" / "pin.py"
 WHEEL_CACHE = REPO / ".cache" / "wheels"
 DEV_REQUIREMENTS = REPO / "requirements" / "dev.txt"
@@ -203,10 +203,11 @@ def site_packages(venv: Path) -> Path:
     return Path(out.stdout.strip())
 
 
-def overlay_files() -> list[Path]:
-    """Every source file of the overlay, relative to the repository root."""
+def new_module_files() -> list[Path]:
+    """Every file of the fork's new modules (under ``vllm/``), relative to the
+    repository root."""
     return sorted(
         p.relative_to(REPO)
-        for p in OVERLAY.rglob("*")
+        for p in NEW_MODULES.rglob("*")
         if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
     )

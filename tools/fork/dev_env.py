@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.fork.common import (  # noqa: E402
     DEV_REQUIREMENTS,
-    OVERLAY,
+    NEW_MODULES,
     PIN_FILE,
     REPO,
     add_base_argument,
@@ -50,7 +50,7 @@ OLD_DEV_DISTRIBUTION = "vllm-dsv41-blackwell-overlay"
 
 
 def _wanted_stamp() -> str:
-    # What decides the venv's contents; the overlay itself is linked, not
+    # What decides the venv's contents; the new modules are linked, not
     # installed, so it is not part of this.
     digest = hashlib.sha256(load_pin().VLLM_VERSION.encode())
     for path in (PIN_FILE, DEV_REQUIREMENTS, REPO / "pyproject.toml"):
@@ -58,10 +58,11 @@ def _wanted_stamp() -> str:
     return digest.hexdigest()
 
 
-def link_overlay(upstream_root: Path) -> list[Path]:
-    """Symlink each overlay path that upstream lacks into ``upstream_root``.
+def link_new_modules(upstream_root: Path) -> list[Path]:
+    """Symlink each new-module path that upstream lacks into ``upstream_root``.
 
-    Raises if an overlay file would shadow an upstream file. Returns the links.
+    Raises if a new module would shadow an upstream file (upstream files
+    change only through the edit list). Returns the links.
     """
     links: list[Path] = []
 
@@ -79,12 +80,12 @@ def link_overlay(upstream_root: Path) -> list[Path]:
                 visit(src, dst)
             else:
                 raise SystemExit(
-                    f"overlay {src.relative_to(REPO)} would replace upstream "
-                    f"{dst}; the fork adds files and subclasses upstream instead."
+                    f"{src.relative_to(REPO)} would replace upstream "
+                    f"{dst}; change upstream files through tools/fork/edits.py instead."
                 )
 
-    visit(OVERLAY, upstream_root)
-    # Links left by an earlier layout of the overlay.
+    visit(NEW_MODULES, upstream_root)
+    # Links left by an earlier layout of the new modules.
     for dirpath, dirnames, filenames in os.walk(upstream_root):
         for name in dirnames + filenames:
             path = Path(dirpath, name)
@@ -134,7 +135,7 @@ def make(venv: Path) -> None:
         stamp_file.write_text(stamp)
     upstream_root = site_packages(venv) / "vllm"
     edited = apply_edits_in_place(upstream_root, wheel, venv)
-    links = link_overlay(upstream_root)
+    links = link_new_modules(upstream_root)
     log(
         f"vLLM {load_pin().VLLM_VERSION} edited in place ({len(edited)} files), "
         f"new modules linked ({len(links)} paths); "

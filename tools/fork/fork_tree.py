@@ -10,7 +10,7 @@ so they cannot differ.
 import zipfile
 from pathlib import Path
 
-from tools.fork.common import REPO, load_pin, log, overlay_files
+from tools.fork.common import REPO, load_pin, log, new_module_files
 from tools.fork.edit_engine import apply_edits
 from tools.fork.edits import EDITS
 
@@ -31,7 +31,7 @@ def edited_upstream_files(wheel: Path) -> dict[str, bytes]:
 
 def new_files() -> dict[str, bytes]:
     """The fork's own modules, keyed by their path in the vllm package."""
-    return {str(p): (REPO / p).read_bytes() for p in overlay_files()}
+    return {str(p): (REPO / p).read_bytes() for p in new_module_files()}
 
 
 def fork_files(wheel: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:

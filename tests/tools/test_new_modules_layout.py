@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The overlay only adds files: none may sit at a path upstream vLLM has."""
+"""The new modules only add files: none may sit at a path upstream vLLM has
+(upstream files change through the edit list)."""
 
 import csv
 import io
 import zipfile
 
-from tools.fork.common import OVERLAY, REPO, load_pin, overlay_files
+from tools.fork.common import NEW_MODULES, REPO, load_pin, new_module_files
 
 
 def _upstream_record(wheel) -> set[str]:
@@ -16,15 +17,15 @@ def _upstream_record(wheel) -> set[str]:
     return {row[0] for row in csv.reader(io.StringIO(text)) if row}
 
 
-def test_no_overlay_file_shadows_upstream(upstream_wheel_path):
+def test_no_new_module_shadows_upstream(upstream_wheel_path):
     record = _upstream_record(upstream_wheel_path)
     # Sanity: the RECORD really is upstream's package listing.
     assert "vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py" in record
-    files = [str(p) for p in overlay_files()]
-    assert files, "the overlay is empty"
+    files = [str(p) for p in new_module_files()]
+    assert files, "the fork has no new modules"
     assert sorted(set(files) & record) == []
 
 
-def test_overlay_lives_under_vllm_only():
-    for path in overlay_files():
-        assert (REPO / path).resolve().is_relative_to(OVERLAY)
+def test_new_modules_live_under_vllm_only():
+    for path in new_module_files():
+        assert (REPO / path).resolve().is_relative_to(NEW_MODULES)
