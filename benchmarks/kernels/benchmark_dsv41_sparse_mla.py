@@ -32,6 +32,7 @@ import math
 import os
 import platform
 import sys
+from pathlib import Path
 
 import torch
 import triton
@@ -429,19 +430,10 @@ TUNED_POINTS = (
 
 def _load_kernel(path: str):
     """A kernel module from a file (a variant), bound to the real Triton."""
-    import vllm.triton_utils
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tools.kernels.dsv41_sparse_mla_offline import load_kernel_module
 
-    spec = importlib.util.spec_from_file_location("dsv41_kernel_variant", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    saved = vllm.triton_utils.triton, vllm.triton_utils.tl
-    vllm.triton_utils.triton, vllm.triton_utils.tl = triton, triton.language
-    try:
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    finally:
-        vllm.triton_utils.triton, vllm.triton_utils.tl = saved
-    return module
+    return load_kernel_module(path)
 
 
 def _load_peer(src: str | None):

@@ -51,17 +51,20 @@ _DIV16_INTS = {
 }
 
 
-def load_kernel_module() -> ModuleType:
-    """A private copy of the kernel module bound to the real Triton.
+def load_kernel_module(path: str | None = None) -> ModuleType:
+    """A private copy of the kernel module (or of the kernel source at
+    ``path``, a variant) bound to the real Triton.
 
     Without a GPU driver vLLM hands out a placeholder Triton whose ``jit``
     keeps nothing to compile; the copy leaves the imported module as it is.
     """
-    spec = importlib.util.find_spec(KERNEL_MODULE)
-    assert spec is not None and spec.origin is not None
-    copy_spec = importlib.util.spec_from_file_location(
-        KERNEL_MODULE + "_offline", spec.origin
-    )
+    if path is None:
+        spec = importlib.util.find_spec(KERNEL_MODULE)
+        assert spec is not None and spec.origin is not None
+        path, name = spec.origin, KERNEL_MODULE + "_offline"
+    else:
+        name = "dsv41_kernel_variant"
+    copy_spec = importlib.util.spec_from_file_location(name, path)
     assert copy_spec is not None and copy_spec.loader is not None
     module = importlib.util.module_from_spec(copy_spec)
     saved = vllm.triton_utils.triton, vllm.triton_utils.tl
