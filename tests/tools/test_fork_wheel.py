@@ -7,10 +7,12 @@ import base64
 import csv
 import hashlib
 import io
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -115,14 +117,43 @@ def test_record_matches_contents(fork_wheel):
             assert int(size) == len(data), name
 
 
-@pytest.mark.install
-def test_installed_wheel_is_the_fork_with_no_plugin(fork_wheel):
-    from tools.fork.main_job import install_fresh
+@pytest.fixture
+def fork_venv(fork_wheel):
+    """A venv holding the fork wheel, installed by pip, beside the dev venv's
+    other packages.
 
-    python = install_fresh(fork_wheel)
+    The dev venv (the one running these tests) is copied as hard links, which
+    takes no disk, its vLLM is removed, and pip installs the fork wheel with
+    no dependencies and no index. Resolving the wheel's dependencies from the
+    package index is the main job's part (``tools/fork/main_job.py``); a
+    full install per base here would take more disk than CI has.
+    """
+    venv = REPO / ".venv-wheel-test"
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run(["cp", "-al", sys.prefix, venv], check=True)
+    try:
+        python = venv / "bin" / "python"
+        # pip removes what vLLM's RECORD lists by unlinking it, so the dev
+        # venv's copies stay; what is left is the dev venv's links to the
+        # checkout's new modules, which rmtree unlinks without following.
+        pip = [python, "-m", "pip", "--disable-pip-version-check", "-q"]
+        subprocess.run([*pip, "uninstall", "-y", "vllm"], check=True)
+        query = "import sysconfig; print(sysconfig.get_path('purelib'))"
+        site = subprocess.run(
+            [python, "-c", query], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        shutil.rmtree(Path(site) / "vllm", ignore_errors=True)
+        install = [*pip, "install", "--no-deps", "--no-index", fork_wheel]
+        subprocess.run(install, check=True)
+        yield python
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
+
+
+def test_installed_wheel_is_the_fork_with_no_plugin(fork_venv):
     with tempfile.TemporaryDirectory() as cwd:
         result = subprocess.run(
-            [python, REPO / "tools" / "fork" / "smoke.py"],
+            [fork_venv, REPO / "tools" / "fork" / "smoke.py"],
             cwd=cwd,
             capture_output=True,
             text=True,

@@ -185,7 +185,9 @@ def provision_venv(
     if not venv_python(venv).exists():
         run(sys.executable, "-m", "venv", venv)
     python = venv_python(venv)
-    env = {**os.environ, "PIP_PROGRESS_BAR": "off"}
+    # No download cache: beside the venvs it would double the disk that the
+    # CUDA wheels of vLLM 0.33's requirements take.
+    env = {**os.environ, "PIP_PROGRESS_BAR": "off", "PIP_NO_CACHE_DIR": "1"}
     run_pip(python, "install", "-q", f"torch=={pin.TORCH_VERSION}", env=env)
     run_pip(
         python, "install", "-q", vllm_requirement,

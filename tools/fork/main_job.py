@@ -15,7 +15,6 @@ the page-size plans run from the installed wheel, not from this checkout.
 """
 
 import argparse
-import fcntl
 import shutil
 import subprocess
 import sys
@@ -48,15 +47,12 @@ def install_fresh(wheel: Path, venv: Path | None = None) -> Path:
     venv = venv or venv_dir(".venv-wheel")
     stamp = venv / ".fork-wheel-sha256"
     digest = sha256_of(wheel)
-    # One installer at a time: the main job and the wheel tests share the venv.
-    with open(venv.with_name(venv.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.exists() and stamp.read_text() == digest:
-            log(f"reusing {venv.name}: it already holds this exact wheel")
-            return venv_python(venv)
-        shutil.rmtree(venv, ignore_errors=True)
-        provision_venv(venv, wheel)
-        stamp.write_text(digest)
+    if stamp.exists() and stamp.read_text() == digest:
+        log(f"reusing {venv.name}: it already holds this exact wheel")
+        return venv_python(venv)
+    shutil.rmtree(venv, ignore_errors=True)
+    provision_venv(venv, wheel)
+    stamp.write_text(digest)
     return venv_python(venv)
 
 
