@@ -170,7 +170,10 @@ def _vllm_config(pages: Pages) -> SimpleNamespace:
             max_num_batched_tokens=MAX_BATCHED_TOKENS, max_num_seqs=MAX_REQS
         ),
         speculative_config=None,
-        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        parallel_config=SimpleNamespace(
+            decode_context_parallel_size=1,
+            prefill_context_parallel_size=1,
+        ),
         cache_config=SimpleNamespace(block_size=pages.swa),
     )
 
