@@ -243,13 +243,22 @@ def test_gpu_tests_run_from_the_payload_on_the_imitated_host(
     assert sum(int(s.get("failures", 0)) for s in suites) == 0, output[-6000:]
     assert sum(int(s.get("tests", 0)) for s in suites) > 0
 
-    # The imports inside the GPU tests' bodies, which skipped here, and the
-    # CUDA platform the GPU host loads.
+    # The imports inside the GPU tests' bodies, which skipped here, under the
+    # CUDA platform the GPU host loads (an H200's capability): on CUDA some
+    # modules ask compiled ops at import (vLLM's CUTLASS capability probes),
+    # which the payload's stub must answer.
     sources = [unpacked / t for t in tests]
     sources += sorted((unpacked / "tests/v1/attention/dsv41").glob("*.py"))
-    modules = _module_imports(sources) | {"vllm.platforms.cuda"}
+    modules = _module_imports(sources)
     script = (
         "import importlib, importlib.util, sys\n"
+        "import vllm.platforms\n"
+        "from vllm.platforms.cuda import CudaPlatform\n"
+        "from vllm.platforms.interface import DeviceCapability\n"
+        "CudaPlatform.get_device_capability = classmethod(\n"
+        "    lambda cls, device_id=0: DeviceCapability(9, 0))\n"
+        "vllm.platforms.current_platform = CudaPlatform()\n"
+        "assert vllm.platforms.current_platform.is_cuda()\n"
         "bad = []\n"
         f"for m in {sorted(modules)!r}:\n"
         "    parent = m.rpartition('.')[0]\n"

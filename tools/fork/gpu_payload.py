@@ -64,6 +64,11 @@ STUBS = {
         "are CUTLASS capability probes (w8a8_utils asks at import on CUDA), "
         "which the stub answers 'not supported'"
     ),
+    "vllm/vllm_flash_attn/_vllm_fa2_C.py": (
+        "vllm.vllm_flash_attn refuses to import without one of its compiled "
+        "extensions, and on CUDA vllm/v1/attention/backends/fa_utils.py "
+        "imports it at module level; the GPU tests call no flash-attention op"
+    ),
 }
 STUB_SOURCES = {
     "vllm/_C_stable_libtorch.py": """\
