@@ -209,6 +209,7 @@ def _module_imports(paths: list[Path]) -> set[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.default_base_only
 def test_gpu_tests_run_from_the_payload_on_the_imitated_host(
     payload, gpu_host, tmp_path
 ):

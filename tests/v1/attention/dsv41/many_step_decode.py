@@ -45,7 +45,6 @@ from types import SimpleNamespace
 import torch
 
 from tests.v1.attention.dsv41 import sparse_mla_reference as reference
-from tests.v1.attention.dsv41.flashinfer_release import FIXED_SM120_PAGE
 from tests.v1.attention.dsv41.sparse_mla_reference import (
     alloc_fp8_ds_mla_pool,
     fp8_ds_mla_round_trip,
@@ -101,13 +100,19 @@ class Pages:
         return self.states[ratio] * ratio
 
 
+# The pages the fork negotiates for FlashInfer 0.6's SM120 kernels, which
+# serve 64-entry pages only (FlashInfer 0.7 takes any page at run time, so
+# there the fork keeps upstream's; both plans run on every base).
+SM12X_PAGE = 64
+
+
 def page_plan(name: str) -> Pages:
-    """``sm12x``: the pages FlashInfer's SM120 kernels serve (64-token SWA
-    pages, 64-state compressed pages). ``upstream``: vLLM's own, from its
-    backends (32-token SWA pages; the compressed page its sparse-MLA backend
-    asks for on this device, in tokens)."""
+    """``sm12x``: 64-token SWA pages and 64-state compressed pages.
+    ``upstream``: vLLM's own, from its backends (32-token SWA pages; the
+    compressed page its sparse-MLA backend asks for on this device, in
+    tokens)."""
     if name == "sm12x":
-        return Pages(name, FIXED_SM120_PAGE, {1: 64, 2: 64})
+        return Pages(name, SM12X_PAGE, {1: SM12X_PAGE, 2: SM12X_PAGE})
     if name == "upstream":
         from vllm.models.deepseek_v41.sparse_mla import DeepseekV4SparseMLABackend
         from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
