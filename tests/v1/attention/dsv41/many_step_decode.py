@@ -87,6 +87,11 @@ def _compressed_prefix(ratio: int) -> str:
     return f"model.layers.{ratio}.attn"
 
 
+def _group_prefix(group: int) -> str:
+    """The layer prefix whose metadata a cache group's builder makes."""
+    return SWA_PREFIX if group == 0 else _compressed_prefix(group)
+
+
 @dataclass(frozen=True)
 class Pages:
     """Page sizes of one plan: tokens per SWA page, and compressed states per
@@ -96,8 +101,15 @@ class Pages:
     swa: int
     states: dict[int, int]
 
-    def compressed_tokens(self, ratio: int) -> int:
-        return self.states[ratio] * ratio
+    def entries(self, group: int) -> int:
+        """Entries per page of a cache group: 0 is the SWA cache, r the
+        compressed cache of ratio r."""
+        return self.swa if group == 0 else self.states[group]
+
+    def tokens(self, group: int) -> int:
+        """Tokens per page of a cache group (a compressed entry covers
+        ``ratio`` tokens)."""
+        return self.swa if group == 0 else self.states[group] * group
 
 
 # The pages the fork negotiates for FlashInfer 0.6's SM120 kernels, which
@@ -227,8 +239,7 @@ class World:
         self.groups = [0, *(r for r in RATIOS if r)]
         self.tables, self.pools, self.caches, self.builders = {}, {}, {}, {}
         for group in self.groups:
-            per_page = pages.swa if group == 0 else pages.states[group]
-            tokens = pages.swa if group == 0 else pages.compressed_tokens(group)
+            per_page, tokens = pages.entries(group), pages.tokens(group)
             # What the first requests hold at their longest, and one page
             # more: later requests must take pages retired ones gave back.
             first = schedule.requests[: schedule.running]
@@ -243,31 +254,23 @@ class World:
                 page_stride_bytes=stride,
                 generator=self.gen,
             ).to(device)
+            packed = dict(
+                block_size=tokens,
+                num_kv_heads=1,
+                head_size=D,
+                dtype=torch.uint8,
+                cache_dtype_str="fp8_ds_mla",
+            )
             if group == 0:
-                spec = SlidingWindowMLASpec(
-                    block_size=tokens,
-                    num_kv_heads=1,
-                    head_size=D,
-                    dtype=torch.uint8,
-                    sliding_window=WINDOW,
-                    cache_dtype_str="fp8_ds_mla",
-                )
-                builder_cls = (
-                    fi.DeepseekSparseSWAFlashInferSM120Backend.get_builder_cls()
-                )
-                names = [SWA_PREFIX]
+                spec = SlidingWindowMLASpec(**packed, sliding_window=WINDOW)
+                swa_backend = fi.DeepseekSparseSWAFlashInferSM120Backend
+                builder_cls = swa_backend.get_builder_cls()
             else:
-                spec = MLAAttentionSpec(
-                    block_size=tokens,
-                    num_kv_heads=1,
-                    head_size=D,
-                    dtype=torch.uint8,
-                    tokens_per_state=group,
-                    cache_dtype_str="fp8_ds_mla",
-                )
+                spec = MLAAttentionSpec(**packed, tokens_per_state=group)
                 builder_cls = DeepseekV4SparseMLABackend.get_builder_cls()
-                names = [_compressed_prefix(group)]
-            self.builders[group] = builder_cls(spec, names, config, device)
+            self.builders[group] = builder_cls(
+                spec, [_group_prefix(group)], config, device
+            )
         self.layers = {r: self._layer(fi, r) for r in RATIOS}
         # Persistent per-step inputs, so CUDA-graph replays see new values.
         self.qsl = torch.zeros(MAX_REQS + 1, dtype=torch.int32, device=device)
@@ -284,7 +287,8 @@ class World:
             )
             for r in RATIOS
         }
-        self.attn_metadata: dict = {}
+        # What the model runner's forward context holds during a step.
+        self.context = SimpleNamespace(attn_metadata=None)
 
     def _layer(self, fi, ratio: int):
         layer = object.__new__(fi.DeepseekV4FlashInferSM120Attention)
@@ -338,7 +342,7 @@ def _grow(world: World, req: Request, new_len: int) -> None:
     """Give ``req`` the pages ``new_len`` positions need in every group and
     append them to its block-table rows."""
     for group in world.groups:
-        tokens = world.pages.swa if group == 0 else world.pages.compressed_tokens(group)
+        tokens = world.pages.tokens(group)
         have = req.pages.setdefault(group, [])
         need = -(-new_len // tokens)
         added = [world.pools[group].take() for _ in range(need - len(have))]
@@ -477,7 +481,7 @@ def _stand_ins(world: World) -> Iterator[None]:
         saved.append((module, name, getattr(module, name)))
         setattr(module, name, value)
 
-    context = SimpleNamespace(attn_metadata=None)
+    context = world.context
     for klass in type(world.layers[0]).__mro__:
         module = sys.modules.get(klass.__module__)
         if module is not None and hasattr(module, "get_forward_context"):
@@ -515,7 +519,6 @@ def _stand_ins(world: World) -> Iterator[None]:
                 "_get_flashinfer_dsv4_workspace",
                 functools.lru_cache(lambda device: torch.empty(16, dtype=torch.uint8)),
             )
-    world.context = context
     try:
         yield
     finally:
@@ -577,8 +580,7 @@ def run(
             metadata = {}
             for group in world.groups:
                 common = _common_metadata(world, group, batch, num_tokens)
-                prefix = SWA_PREFIX if group == 0 else _compressed_prefix(group)
-                metadata[prefix] = world.builders[group].build(0, common)
+                metadata[_group_prefix(group)] = world.builders[group].build(0, common)
             _write_kv(world, batch, num_tokens, metadata)
             picks = _pick_topk(world, batch)
             q = torch.randn(num_tokens, HEADS, D, generator=world.gen).bfloat16()
