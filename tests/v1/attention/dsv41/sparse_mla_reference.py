@@ -115,7 +115,9 @@ def _quantize_fp8_ds_mla(
     exponent = torch.ceil(torch.log2(amax / _FP8_MAX))
     scaled = (nope / torch.exp2(exponent).unsqueeze(-1)).clamp(-_FP8_MAX, _FP8_MAX)
     nope_bytes = scaled.to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1, NOPE_DIM)
-    exponents = torch.zeros(x.shape[0], FP8_DS_MLA_SCALE_BYTES, dtype=torch.uint8)
+    exponents = torch.zeros(
+        x.shape[0], FP8_DS_MLA_SCALE_BYTES, dtype=torch.uint8, device=kv.device
+    )
     exponents[:, :NUM_SCALES] = (exponent + _UE8M0_BIAS).clamp(0, 255).to(torch.uint8)
     rope = x[:, NOPE_DIM:].to(torch.bfloat16)
     return nope_bytes, exponents, rope
