@@ -80,7 +80,21 @@ def _model_specs(capability: DeviceCapability, config: VllmConfig):
 
 @pytest.mark.parametrize("minor", [0, 1])
 def test_sm12x_plan_is_accepted_by_vllm(set_capability, minor):
-    capability = set_capability(12, minor)
+    _check_sm12x_pages_in_vllms_planner(set_capability(12, minor), {1: 64, 2: 64})
+
+
+def test_forced_sm12x_pages_on_sm90_are_accepted_by_vllm(set_capability, monkeypatch):
+    """The test-only setting the engine comparison on an H200 uses. The
+    cache pages are SM12x's; the ratio-2 group's kernel page holds 32 states
+    there, because it shares its group with the indexer K cache, whose SM90
+    kernels take 64-token pages only (128 on other GPUs)."""
+    monkeypatch.setenv(policy.FORCE_SM12X_PAGES_ENV, "1")
+    _check_sm12x_pages_in_vllms_planner(set_capability(9, 0), {1: 64, 2: 32})
+
+
+def _check_sm12x_pages_in_vllms_planner(capability, kernel_states) -> None:
+    """SM12x cache pages pass vLLM's planner; ``kernel_states``: compressed
+    states per kernel page by compress ratio."""
     config = _engine_config(
         fork.DeepseekV4FlashInferMLASparseBackend.get_preferred_block_size(16)
     )
@@ -117,7 +131,8 @@ def test_sm12x_plan_is_accepted_by_vllm(set_capability, minor):
         # the FlashInfer caches 64 entries per kernel page.
         kernel_block = select_common_block_size(spec.block_size, group_backends)
         if fork.DeepseekV4FlashInferMLASparseBackend in group_backends:
-            assert kernel_block // inner.tokens_per_state == 64
+            ratio = inner.tokens_per_state
+            assert kernel_block // ratio == kernel_states[ratio]
         if fork.DeepseekSparseSWAFlashInferSM120Backend in group_backends:
             assert kernel_block == 64
     # Every cache tensor views one backing allocation that fits the memory.

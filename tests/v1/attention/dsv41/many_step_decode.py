@@ -112,19 +112,20 @@ class Pages:
         return self.swa if group == 0 else self.states[group] * group
 
 
-# The pages the fork negotiates for FlashInfer 0.6's SM120 kernels, which
-# serve 64-entry pages only (FlashInfer 0.7 takes any page at run time, so
-# there the fork keeps upstream's; both plans run on every base).
-SM12X_PAGE = 64
-
-
 def page_plan(name: str) -> Pages:
     """``sm12x``: 64-token SWA pages and 64-state compressed pages.
     ``upstream``: vLLM's own, from its backends (32-token SWA pages; the
     compressed page its sparse-MLA backend asks for on this device, in
     tokens)."""
     if name == "sm12x":
-        return Pages(name, SM12X_PAGE, {1: SM12X_PAGE, 2: SM12X_PAGE})
+        # The pages the fork negotiates for FlashInfer 0.6's SM120 kernels
+        # (FlashInfer 0.7 takes any page, so there the fork keeps upstream's;
+        # both plans run on every base).
+        from vllm.v1.attention.backends.mla.sparse_mla_page_policy import (
+            SM12X_FIXED_PAGE as page,
+        )
+
+        return Pages(name, page, {1: page, 2: page})
     if name == "upstream":
         from vllm.models.deepseek_v41.sparse_mla import DeepseekV4SparseMLABackend
         from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy

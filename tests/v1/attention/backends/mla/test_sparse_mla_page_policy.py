@@ -296,3 +296,18 @@ def test_kv_cache_dtypes_per_architecture(capability, dtype, accepted):
     with pytest.raises(policy.UnsupportedSparseMLAConfig) as e:
         policy.check_kv_cache_dtype(capability, dtype)
     assert f"--kv-cache-dtype {dtype}" in str(e.value)
+
+
+def test_forced_sm12x_pages_apply_to_the_triton_path_only(monkeypatch):
+    """The test-only setting gives an SM90 GPU the SM12x pages and says so;
+    SM10x (TRTLLM-gen) and a plan that is not the Triton kernel ignore it."""
+    monkeypatch.setenv(policy.FORCE_SM12X_PAGES_ENV, "1")
+    plan = policy.plan_pages(SM90)
+    assert plan.kernel_path == policy.TRITON
+    assert plan.swa_block_size == 64
+    assert [plan.compressed_block_size(r) for r in (1, 2)] == [64, 128]
+    assert "test-only" in plan.note
+    assert policy.plan_pages(SM100).swa_block_size == 32
+    monkeypatch.setenv(policy.FORCE_SM12X_PAGES_ENV, "0")
+    assert policy.plan_pages(SM90).swa_block_size == 32
+    assert policy.plan_pages(SM90).note is None

@@ -26,6 +26,7 @@ import ast
 import functools
 import importlib.metadata
 import importlib.util
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,14 @@ TRITON = "triton"
 # The Triton kernel reads FP8 E4M3 records, which Triton lowers from SM89 on;
 # it is tested on SM90.
 TRITON_MIN_CAPABILITY = 89
+
+# Test-only: "1" makes a GPU whose plan is the Triton kernel on upstream's
+# pages take the SM12x pages of FlashInfer 0.6.14-0.6.18 instead (64-token
+# SWA pages, 64 compressed states per page), so that geometry can run through
+# vLLM's whole engine on an H100/H200, where the Triton kernel takes any page.
+# No production path sets it; the plan's start-up note says it is on.
+FORCE_SM12X_PAGES_ENV = "VLLM_DSV41_TEST_FORCE_SM12X_PAGES"
+SM12X_FIXED_PAGE = 64
 
 
 @dataclass(frozen=True)
@@ -268,6 +277,15 @@ def plan_pages(
         )
     if capability.to_int() >= TRITON_MIN_CAPABILITY:
         # No FlashInfer kernel for this GPU: the Triton kernel takes any page.
+        if os.environ.get(FORCE_SM12X_PAGES_ENV) == "1":
+            forced = (
+                f"{FORCE_SM12X_PAGES_ENV}=1 (test-only): SM12x pages "
+                f"({SM12X_FIXED_PAGE}-token SWA, {SM12X_FIXED_PAGE} compressed "
+                "states per page) on the Triton kernel"
+            )
+            page = SM12X_FIXED_PAGE
+            note = f"{note} {forced}" if note else forced
+            return PagePlan(capability, TRITON, page, page, note=note)
         return PagePlan(capability, TRITON, upstream_swa_block_size(), None, note=note)
     raise UnsupportedSparseMLAConfig(
         f"{BACKEND_NAME} runs on SM10x (B200, GB200) and SM12x (RTX 50xx, RTX "
