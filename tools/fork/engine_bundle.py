@@ -4,15 +4,17 @@
 that has Python, torch and Triton, cut into parts that fit one device call.
 
     python3 tools/fork/engine_bundle.py [--base 0.30.0] [--python 3.12] \
-        [--deepgemm-src DIR] [--part-mib 60]
+        [--part-mib 60]
 
 The GPU payload (tools/fork/gpu_payload.py: the fork's Python tree, the test
 dependencies, the tests) runs kernels and layers; the engine also needs the
 fork wheel's compiled op libraries (``COMPILED``), the rest of vLLM's Python
-requirements that the host lacks (``ENGINE_WHEELS``) and, on CUDA, DeepGEMM
-(vLLM's sparse-attention indexer refuses to start without it), which has no
-wheel and is built on the host from the sources given with ``--deepgemm-src``
-(a git-ignored folder, never committed).
+requirements that the host lacks (``ENGINE_WHEELS``). One requirement is
+not in it: DeepGEMM, which vLLM's sparse-attention indexer needs on CUDA.
+The copy inside the vLLM wheel (``vllm/third_party/deep_gemm``) is compiled
+against the torch vLLM pins and does not load on another torch, and DeepGEMM
+publishes no wheel; a host with another torch needs its own build of it, and
+the receiver's check says whether ``deep_gemm`` loads.
 
 The bundle is one uncompressed tar of those pieces (compiled libraries
 xz-compressed one by one; wheels and the payload are compressed already),
@@ -140,22 +142,6 @@ def compiled_members(fork_wheel: Path) -> Iterator[tuple[str, bytes]]:
             yield f"compiled/{path}.xz", lzma.compress(zf.read(path), preset=6)
 
 
-def source_members(src: Path, name: str) -> Iterator[tuple[str, bytes]]:
-    """A source tree as one xz tar (``sources/<name>.tar.xz``), without git
-    metadata."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:xz", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(src.rglob("*")):
-            rel = path.relative_to(src)
-            if ".git" in rel.parts or not path.is_file():
-                continue
-            info = tar.gettarinfo(path, arcname=f"{name}/{rel.as_posix()}")
-            info.mtime, info.uid, info.gid, info.uname, info.gname = MTIME, 0, 0, "", ""
-            with path.open("rb") as f:
-                tar.addfile(info, f)
-    yield f"sources/{name}.tar.xz", buf.getvalue()
-
-
 def _write_parts(members: Iterator[tuple[str, bytes]], out: Path, part_bytes: int):
     """Stream an uncompressed tar of ``members`` into ``part-NN`` files of at
     most ``part_bytes``; returns (parts, whole sha256, whole size)."""
@@ -216,7 +202,6 @@ def build_bundle(
     python: str,
     site: Path,
     part_bytes: int,
-    deepgemm_src: Path | None = None,
 ) -> dict:
     """Write the bundle's parts and ``bundle.json`` into ``out`` (emptied
     first); returns the manifest."""
@@ -244,20 +229,14 @@ def build_bundle(
             }
             for name, p in wheels.items()
         },  # fmt: skip
-        "sources": {},
         "payload_stubs": payload_manifest["stubs"],
     }
-    if deepgemm_src is not None:
-        manifest["sources"]["deep_gemm"] = "sources/deep_gemm.tar.xz"
 
     def members() -> Iterator[tuple[str, bytes]]:
         yield manifest["payload"], payload.read_bytes()
         yield from compiled_members(fork_wheel)
         for name, w in manifest["wheels"].items():
             yield w["file"], wheels[name].read_bytes()
-        if deepgemm_src is not None:
-            log(f"packing DeepGEMM's sources from {deepgemm_src}")
-            yield from source_members(deepgemm_src, "deep_gemm")
         # The receiver reads this copy to know what the bundle holds.
         yield "bundle-contents.json", json.dumps(manifest, indent=1).encode()
 
@@ -292,13 +271,10 @@ def describe(out: Path, manifest: dict) -> str:
         f"    {name}=={w['version']}: {w['why']}"
         for name, w in manifest["wheels"].items()
     ]
-    for name, path in manifest["sources"].items():
-        lines.append(f"  {path}: built on the host")
-    if not manifest["sources"]:
-        lines.append(
-            "  no DeepGEMM sources (--deepgemm-src): the engine's sparse "
-            "indexer will refuse to start on CUDA"
-        )
+    lines.append(
+        "  not in it: DeepGEMM (the wheel's copy loads only on the torch vLLM "
+        "pins; the receiver's check says whether deep_gemm loads on the host)"
+    )
     lines.append(
         "send per call: bundle.json plus one part; on the host run "
         "tools/fork/engine_bundle_receive.py (see its docstring)"
@@ -312,9 +288,6 @@ def main() -> None:
     parser.add_argument("--python", default="3.12", help="the GPU host's CPython")
     parser.add_argument("--out", type=Path, help="parts folder (default: dist/...)")
     parser.add_argument(
-        "--deepgemm-src", type=Path, help="DeepGEMM source tree to build on the host"
-    )
-    parser.add_argument(
         "--part-mib", type=int, default=DEFAULT_PART_MIB, help="largest part, MiB"
     )
     args = parser.parse_args()
@@ -322,8 +295,6 @@ def main() -> None:
         parser.error(f"--python {args.python}: give major.minor, e.g. 3.12")
     if args.part_mib < 1:
         parser.error("--part-mib must be at least 1")
-    if args.deepgemm_src is not None and not args.deepgemm_src.is_dir():
-        parser.error(f"--deepgemm-src {args.deepgemm_src}: not a folder")
     pin = select_base(args.base)
     venv = venv_dir(".venv")
     if not venv.exists():
@@ -332,9 +303,7 @@ def main() -> None:
             f"--base {pin.VLLM_VERSION}"
         )
     out = args.out or default_bundle_dir(pin.VLLM_VERSION, args.python)
-    manifest = build_bundle(
-        out, args.python, site_packages(venv), args.part_mib << 20, args.deepgemm_src
-    )
+    manifest = build_bundle(out, args.python, site_packages(venv), args.part_mib << 20)
     log(f"wrote {out}")
     print(describe(out, manifest))
 

@@ -16,8 +16,8 @@ missing, 1 on an error.
 
 When the last part arrives it checks the whole bundle's sha256, unpacks it,
 installs the GPU payload (its own entry point), the fork's compiled libraries
-(replacing the payload's stand-ins), the engine's wheels and, if the bundle
-carries its sources, DeepGEMM, all into ``--target``; then, in a fresh
+(replacing the payload's stand-ins) and the engine's wheels into
+``--target``; then, in a fresh
 interpreter with the target on ``PYTHONPATH``, it imports vLLM and loads each
 library and reports versions and what could not be loaded and why
 (``--target/engine-check.json``). A target that already holds this bundle is
@@ -145,17 +145,6 @@ def install(manifest: dict, root: Path, target: Path, state: Path) -> None:
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
     pip += ["--no-compile", "--no-cache-dir", "--upgrade", "--target", str(target)]
     subprocess.run([*pip, *wheels], check=True)
-    # 4. DeepGEMM, built here against the host's torch and CUDA.
-    for name, archive in manifest["sources"].items():
-        src = state / "src"
-        shutil.rmtree(src, ignore_errors=True)
-        with tarfile.open(root / archive) as tar:
-            tar.extractall(src, filter="data")
-        log(f"building {name} (about a minute or more)")
-        env = dict(os.environ, PYTHONPATH=str(target))
-        subprocess.run(
-            [*pip, "--no-build-isolation", str(src / name)], check=True, env=env
-        )
     stamp.write_text(manifest["sha256"])
 
 
@@ -164,7 +153,9 @@ def check(manifest: dict, target: Path) -> dict:
     modules += [
         p.removesuffix(".abi3.so").replace("/", ".") for p in manifest["compiled"]
     ]
-    modules += ["tilelang", *manifest["sources"]]
+    # DeepGEMM is no part of the bundle (see engine_bundle.py): say whether
+    # the host has one vLLM can load.
+    modules += ["tilelang", "deep_gemm"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(target), env.get("PYTHONPATH")])

@@ -1,0 +1,217 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Write a small DeepSeek V4.1-shaped checkpoint (about 50 MB) that vLLM's
+engine loads like the real one, for engine runs on one GPU.
+
+    python benchmarks/dsv41_engine_checkpoint.py --out DIR [--seed 0]
+
+Layer kinds as in the model: compress ratios 0/1/1/2/2/0, compressed-KV and
+indexer source layers 1 and 3, attention sinks, every layer a mixture of
+experts (8 routed, 2 per token, one shared), mHC hyper-connections; 8 heads
+of 512 (one GPU's share of a 64-head model on 8 GPUs). Weights are BF16
+(no quantization config), random with fan-in scaling; the output head is
+scaled so logits spread by about 3 after the final norm (not flat, so greedy
+decoding has clear winners at most steps). The tokenizer is byte-level, made
+here (no download): 3 special tokens, 256 bytes, filler up to the vocabulary.
+vLLM builds the vision wrapper around the text model, so its three
+delimiter vectors are in the checkpoint; run with
+``limit_mm_per_prompt={"image": 0}``.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+TEXT_CONFIG = {
+    "vocab_size": 1024,
+    "hidden_size": 512,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "qk_rope_head_dim": 64,
+    "q_lora_rank": 128,
+    "o_lora_rank": 128,
+    "o_groups": 2,
+    "sliding_window": 128,
+    "compress_ratios": [0, 1, 1, 2, 2, 0],
+    "kv_source_layer_ids": [1, 3],
+    "index_source_layer_ids": [1, 3],
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+    "index_topk": 512,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 128,
+    "n_shared_experts": 1,
+    "scoring_func": "sqrtsoftplus",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.5,
+    "swiglu_limit": 10.0,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "compress_rope_theta": 160000.0,
+    "max_position_embeddings": 4096,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 1024,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+SPECIAL_TOKENS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>")
+# Spread of the logits after the final RMS norm (unit-size hidden states).
+LOGIT_SPREAD = 3.0
+
+
+def tensor_shapes(t: dict) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Checkpoint name -> (shape, dtype), in the names the model's
+    ``load_weights`` reads (it fuses and renames them itself)."""
+    hidden, heads, head_dim = t["hidden_size"], t["num_attention_heads"], t["head_dim"]
+    q_rank, groups, o_rank = t["q_lora_rank"], t["o_groups"], t["o_lora_rank"]
+    hc, experts, inter = t["hc_mult"], t["n_routed_experts"], t["moe_intermediate_size"]
+    shared = inter * t["n_shared_experts"]
+    idx_heads, idx_dim = t["index_n_heads"], t["index_head_dim"]
+    mix = (2 + hc) * hc
+    bf16, f32 = torch.bfloat16, torch.float32
+    shapes = {
+        "embed.weight": ((t["vocab_size"], hidden), bf16),
+        "head.weight": ((t["vocab_size"], hidden), bf16),
+        "norm.weight": ((hidden,), bf16),
+        **{f"image_{k}": ((hidden,), f32) for k in ("start", "end", "newline")},
+    }
+    for i, ratio in enumerate(t["compress_ratios"]):
+        layer = f"layers.{i}."
+        for part in ("attn", "ffn"):
+            shapes[f"{layer}hc_{part}_fn"] = ((mix, hc * hidden), f32)
+            shapes[f"{layer}hc_{part}_base"] = ((mix,), f32)
+            shapes[f"{layer}hc_{part}_scale"] = ((3,), f32)
+            shapes[f"{layer}{part}_norm.weight"] = ((hidden,), bf16)
+        attn = f"{layer}attn."
+        shapes[f"{attn}attn_sink"] = ((heads,), f32)
+        shapes[f"{attn}wq_a.weight"] = ((q_rank, hidden), bf16)
+        shapes[f"{attn}wkv.weight"] = ((head_dim, hidden), bf16)
+        shapes[f"{attn}q_norm.weight"] = ((q_rank,), bf16)
+        shapes[f"{attn}kv_norm.weight"] = ((head_dim,), bf16)
+        shapes[f"{attn}wq_b.weight"] = ((heads * head_dim, q_rank), bf16)
+        shapes[f"{attn}wo_a.weight"] = (
+            (groups * o_rank, heads * head_dim // groups),
+            bf16,
+        )
+        shapes[f"{attn}wo_b.weight"] = ((hidden, groups * o_rank), bf16)
+        if i in t["kv_source_layer_ids"]:
+            shapes[f"{attn}compressor.wkv.weight"] = ((head_dim, hidden), bf16)
+            if ratio > 1:  # overlapping windows gate their two halves
+                shapes[f"{attn}compressor.wgate.weight"] = ((head_dim, hidden), bf16)
+            shapes[f"{attn}compressor.norm.weight"] = ((head_dim,), bf16)
+        if i in t["index_source_layer_ids"]:
+            shapes[f"{attn}indexer.wq_b.weight"] = ((idx_heads * idx_dim, q_rank), bf16)
+            shapes[f"{attn}indexer.weights_proj.weight"] = ((idx_heads, hidden), bf16)
+            if i in t["kv_source_layer_ids"]:
+                shapes[f"{attn}indexer.wk.weight"] = ((idx_dim, head_dim), bf16)
+                shapes[f"{attn}indexer.k_norm.weight"] = ((idx_dim,), bf16)
+        ffn = f"{layer}ffn."
+        shapes[f"{ffn}gate.weight"] = ((experts, hidden), bf16)
+        shapes[f"{ffn}gate.bias"] = ((experts,), f32)
+        for name, shape in (("w1", (shared, hidden)), ("w3", (shared, hidden)),
+                            ("w2", (hidden, shared))):  # fmt: skip
+            shapes[f"{ffn}shared_experts.{name}.weight"] = (shape, bf16)
+        for e in range(experts):
+            shapes[f"{ffn}experts.{e}.w1.weight"] = ((inter, hidden), bf16)
+            shapes[f"{ffn}experts.{e}.w3.weight"] = ((inter, hidden), bf16)
+            shapes[f"{ffn}experts.{e}.w2.weight"] = ((hidden, inter), bf16)
+    return shapes
+
+
+def initial_value(
+    name: str, shape: tuple[int, ...], gen: torch.Generator
+) -> torch.Tensor:
+    if name.endswith(("norm.weight", "_scale")):
+        return torch.ones(shape)
+    if name.endswith(("_base", "gate.bias")) or name.startswith("image_"):
+        return torch.zeros(shape)
+    values = torch.randn(shape, generator=gen)
+    if name == "head.weight":
+        return values * LOGIT_SPREAD / shape[1] ** 0.5
+    if name == "embed.weight" or name.endswith("attn_sink"):
+        return values
+    return values / shape[-1] ** 0.5  # fan-in
+
+
+def write_tokenizer(out: Path, vocab_size: int) -> None:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[char] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"<|unused_{len(vocab)}|>"] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
+    tokenizer.save(str(out / "tokenizer.json"))
+    bos, eos, pad = SPECIAL_TOKENS
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos,
+        "eos_token": eos,
+        "pad_token": pad,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "model_max_length": TEXT_CONFIG["max_position_embeddings"],
+        "clean_up_tokenization_spaces": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+
+
+def write_checkpoint(out: Path, seed: int = 0) -> int:
+    """Write the checkpoint into ``out``; returns the weights' bytes."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    ids = {"bos_token_id": 0, "eos_token_id": 1}
+    config = {
+        "architectures": ["DeepseekV41ForCausalLM"],
+        "model_type": "deepseek_v41",
+        "text_config": TEXT_CONFIG,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        **ids,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    (out / "generation_config.json").write_text(json.dumps(ids))
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {
+        name: initial_value(name, shape, gen).to(dtype).contiguous()
+        for name, (shape, dtype) in tensor_shapes(TEXT_CONFIG).items()
+    }
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_tokenizer(out, TEXT_CONFIG["vocab_size"])
+    return (out / "model.safetensors").stat().st_size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    size = write_checkpoint(args.out, args.seed)
+    print(f"wrote {args.out} ({size / 2**20:.1f} MiB of weights)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Compare greedy generations of benchmarks/dsv41_engine_generate.py with a
+reference run, token by token, and write a markdown table.
+
+    python benchmarks/dsv41_engine_compare.py REF.json RUN.json [RUN.json ...] \
+        [--md table.md]
+
+Per prompt and run: how many generated tokens equal the reference's, the
+first position where they part, the reference's top-two log-probability gap
+there (a near tie lets two correct kernels part: the gap is compared with the
+numerical noise), and the largest difference of the chosen token's
+log-probability before that point. The noise is measured, not assumed: the
+largest such difference over every prompt of the run. A run passes when each
+prompt either matches throughout or parts where the reference's gap is below
+twice the noise (both logits may move by the noise, in opposite directions),
+and the noise stays within ``LOGPROB_TOLERANCE``.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+# Largest difference of a chosen token's log-probability (nats) between two
+# runs of the same model on the same tokens that still counts as rounding:
+# both kernels read FP8 caches and round the attention output to BF16.
+LOGPROB_TOLERANCE = 0.1
+
+
+def compare_prompt(ref: dict, run: dict) -> dict:
+    """Where ``run``'s tokens part from ``ref``'s, and the noise before."""
+    matched = 0
+    for a, b in zip(ref["token_ids"], run["token_ids"], strict=False):
+        if a != b:
+            break
+        matched += 1
+    noise = max(
+        (abs(ref["top2"][i][0][1] - run["top2"][i][0][1]) for i in range(matched)),
+        default=0.0,
+    )
+    parted = matched < min(len(ref["token_ids"]), len(run["token_ids"]))
+    gap = None
+    if parted:
+        first, second = ref["top2"][matched][:2]
+        gap = first[1] - second[1]
+    return {
+        "tokens": len(ref["token_ids"]),
+        "matched": matched,
+        "parted_at": matched if parted else None,
+        "ref_gap": gap,
+        "max_logprob_diff": noise,
+    }
+
+
+def compare_run(ref: dict, run: dict) -> dict:
+    rows = [
+        compare_prompt(a, b)
+        for a, b in zip(ref["prompts"], run["prompts"], strict=True)
+    ]
+    noise = max(r["max_logprob_diff"] for r in rows)
+    for r in rows:
+        r["near_tie"] = r["parted_at"] is not None and r["ref_gap"] < 2 * noise
+    passed = noise <= LOGPROB_TOLERANCE and all(
+        r["parted_at"] is None or r["near_tie"] for r in rows
+    )
+    return {"rows": rows, "noise": noise, "passed": passed}
+
+
+def _label(run: dict) -> str:
+    pages = ", SM12x pages forced" if run.get("force_sm12x_pages") else ""
+    return f"{run['backend']}{pages}"
+
+
+def table(ref: dict, runs: list[dict]) -> str:
+    versions = ", ".join(f"{k} {v}" for k, v in ref["versions"].items())
+    lines = [
+        (
+            f"Reference: {_label(ref)}, {ref['tokens_per_s']} tokens/s "
+            f"({ref['gpu']}; {versions}; {ref['date']})."
+        ),
+        "",
+        (
+            "| run | prompt | prompt tokens | matched / generated | parted at | "
+            "ref top-2 gap there | max logprob diff before | verdict |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    summaries = []
+    for run in runs:
+        result = compare_run(ref, run)
+        for i, (r, p) in enumerate(zip(result["rows"], run["prompts"], strict=True)):
+            verdict = (
+                "match"
+                if r["parted_at"] is None
+                else ("near tie" if r["near_tie"] else "MISMATCH")
+            )
+            gap = "-" if r["ref_gap"] is None else f"{r['ref_gap']:.3g}"
+            parted = "-" if r["parted_at"] is None else str(r["parted_at"])
+            lines.append(
+                f"| {_label(run)} | {i} | {len(p['prompt_token_ids'])} | "
+                f"{r['matched']} / {r['tokens']} | {parted} | {gap} | "
+                f"{r['max_logprob_diff']:.3g} | {verdict} |"
+            )
+        summaries.append(
+            f"- {_label(run)}: {run['tokens_per_s']} tokens/s "
+            f"({run['tokens_per_s'] / ref['tokens_per_s']:.2f}x the reference); "
+            f"noise {result['noise']:.3g} (tolerance {LOGPROB_TOLERANCE}); "
+            f"{'PASS' if result['passed'] else 'FAIL'}"
+        )
+    return "\n".join([*lines, "", *summaries]) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("ref", type=Path)
+    parser.add_argument("runs", type=Path, nargs="+")
+    parser.add_argument("--md", type=Path, help="also write the table here")
+    args = parser.parse_args()
+    ref = json.loads(args.ref.read_text())
+    runs = [json.loads(p.read_text()) for p in args.runs]
+    text = table(ref, runs)
+    print(text)
+    if args.md:
+        args.md.write_text(text)
+    if not all(compare_run(ref, run)["passed"] for run in runs):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Greedy generation of a DeepSeek V4.1 checkpoint through vLLM's engine with
+one sparse-MLA attention backend; one backend per process.
+
+    python benchmarks/dsv41_engine_generate.py --model DIR \
+        --backend FLASHMLA_SPARSE_DSV41 --out a.json
+    python benchmarks/dsv41_engine_generate.py --model DIR \
+        --backend FLASHINFER_MLA_SPARSE_DSV41 [--force-sm12x-pages] --out b.json
+
+CUDA graphs are on (full graphs of the decode steps; no torch.compile, so the
+run does not depend on Inductor matching the host's torch). For every prompt
+it writes the generated tokens, each step's two most likely tokens with their
+log-probabilities (their difference is the top-two logit gap), and the
+decode throughput of the timed pass (a first, short pass warms the kernels
+up). ``benchmarks/dsv41_engine_compare.py`` compares the files.
+"""
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+_PAGE_TEXT = (
+    "Sliding windows and compressed caches page their entries in blocks; a "
+    "request that runs long crosses many of them, and every page boundary is a "
+    "place where an off-by-one would show. "
+)
+# The checkpoint's tokenizer is byte-level: one token per byte. The indexer
+# selects among compressed entries only past index_topk (512) of them, so the
+# two long prompts (about 700 and 1,400 tokens) run it on the ratio-1 and the
+# ratio-2 layers; the short ones stay within the window.
+PROMPTS = (
+    "The quick brown fox",
+    (
+        "In the beginning the universe was created. This has made a lot of "
+        "people very angry and been widely regarded as a bad move."
+    ),
+    " ".join(str(i) for i in range(1, 201)),
+    _PAGE_TEXT * 7,
+)
+
+
+def _step_logprobs(step: dict) -> list[list[float]]:
+    """A step's candidates as [token, logprob], most likely first."""
+    ranked = sorted(step.items(), key=lambda kv: kv[1].rank)
+    return [[token, lp.logprob] for token, lp in ranked]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--backend", required=True)
+    parser.add_argument(
+        "--force-sm12x-pages",
+        action="store_true",
+        help="the page policy's test-only SM12x pages on the Triton path",
+    )
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+
+    if args.force_sm12x_pages:
+        os.environ[policy.FORCE_SM12X_PAGES_ENV] = "1"
+    else:
+        os.environ.pop(policy.FORCE_SM12X_PAGES_ENV, None)
+
+    # The engine core in this process: one traceback if it fails.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+    import triton
+
+    import vllm
+    from vllm import LLM, SamplingParams
+
+    started = time.perf_counter()
+    llm = LLM(
+        model=args.model,
+        attention_backend=args.backend,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=len(PROMPTS),
+        limit_mm_per_prompt={"image": 0},  # the text model only
+        seed=0,
+        compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
+    )
+    load_s = time.perf_counter() - started
+    greedy = dict(temperature=0.0, logprobs=2, ignore_eos=True)
+    llm.generate(list(PROMPTS), SamplingParams(max_tokens=8, **greedy))
+    started = time.perf_counter()
+    outputs = llm.generate(
+        list(PROMPTS), SamplingParams(max_tokens=args.max_tokens, **greedy)
+    )
+    elapsed = time.perf_counter() - started
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    result = {
+        "backend": args.backend,
+        "force_sm12x_pages": args.force_sm12x_pages,
+        "model": args.model,
+        "gpu": torch.cuda.get_device_name(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "vllm": vllm.__version__,
+        },
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_s": round(load_s, 1),
+        "generate_s": round(elapsed, 3),
+        "tokens_per_s": round(generated / elapsed, 1),
+        "prompts": [
+            {
+                "prompt": prompt,
+                "prompt_token_ids": list(o.prompt_token_ids),
+                "token_ids": list(o.outputs[0].token_ids),
+                "top2": [_step_logprobs(step) for step in o.outputs[0].logprobs],
+            }
+            for prompt, o in zip(PROMPTS, outputs, strict=True)
+        ],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result) + "\n")
+    print(
+        f"{args.backend} force_sm12x_pages={args.force_sm12x_pages}: "
+        f"{generated} tokens in {elapsed:.2f} s ({result['tokens_per_s']} tok/s); "
+        f"engine start {load_s:.0f} s -> {args.out}"
+    )
+
+
+if __name__ == "__main__":
+    main()
