@@ -113,7 +113,11 @@ def test_supports_combination(capability, dtype, refused):
     assert (reason is not None) == refused
 
 
-def _vllm_config(heads=64, block_size=128, cache_dtype="auto", spec_tokens=None):
+def _vllm_config(
+    heads=64, block_size=128, cache_dtype="auto", spec_tokens=None, user_block=True
+):
+    """``user_block``: whether ``block_size`` came from --block-size (else it
+    is vLLM's generic default, replaced after the model is built)."""
     return SimpleNamespace(
         model_config=SimpleNamespace(
             hf_config=SimpleNamespace(
@@ -122,7 +126,11 @@ def _vllm_config(heads=64, block_size=128, cache_dtype="auto", spec_tokens=None)
                 compress_ratios=[0, 1, 2, 0],
             )
         ),
-        cache_config=SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size),
+        cache_config=SimpleNamespace(
+            cache_dtype=cache_dtype,
+            block_size=block_size,
+            user_specified_block_size=user_block,
+        ),
         speculative_config=(
             SimpleNamespace(num_speculative_tokens=spec_tokens) if spec_tokens else None
         ),
@@ -206,6 +214,20 @@ def test_reported_missing_shape_runs_flashinfer(set_capability, single_gpu):
     assert geometry.kernel_path == policy.FLASHINFER_SM120
     assert geometry.swa_topks == (1152,)
     assert geometry.plan.swa_block_size == 32
+
+
+def test_an_unset_block_size_is_not_refused(set_capability, single_gpu):
+    """Without --block-size the layers are built while the cache config still
+    holds vLLM's generic 16; the backend's preferred page replaces it later.
+    (On the H200 the engine failed here, telling the user to leave
+    --block-size unset, which they had.)"""
+    set_capability(9, 0)
+    unset = _vllm_config(cache_dtype="fp8", block_size=16, user_block=False)
+    geometry = MLA.negotiate(unset, fi.DeepseekV4FlashInferSM120Attention)
+    assert geometry.kernel_path == policy.TRITON
+    chosen = _vllm_config(cache_dtype="fp8", block_size=16)
+    with pytest.raises(policy.UnsupportedSparseMLAConfig, match="--block-size 16"):
+        MLA.negotiate(chosen, fi.DeepseekV4FlashInferSM120Attention)
 
 
 @pytest.mark.parametrize(

@@ -184,16 +184,21 @@ def negotiate_layer(vllm_config: VllmConfig, attention_cls: type) -> LayerGeomet
             f"{policy.BACKEND_NAME} needs a CUDA GPU; none was found."
         )
     speculative = vllm_config.speculative_config
+    cache_config = vllm_config.cache_config
     geometry = negotiate_for_model(
         capability,
         vllm_config.model_config.hf_config,
         tensor_parallel_size=get_tensor_model_parallel_world_size(),
-        kv_cache_dtype=vllm_config.cache_config.cache_dtype,
+        kv_cache_dtype=cache_config.cache_dtype,
         use_non_causal=vllm_config.attention_config.use_non_causal,
         num_speculative_tokens=(
             speculative.num_speculative_tokens if speculative else None
         ),
-        block_size=vllm_config.cache_config.block_size,
+        # Until the backend's preferred size replaces it (after the model is
+        # built), an unset --block-size reads as vLLM's generic default.
+        block_size=(
+            cache_config.block_size if cache_config.user_specified_block_size else None
+        ),
         attention_cls=attention_cls,
     )
     if geometry.fallback_reason:
