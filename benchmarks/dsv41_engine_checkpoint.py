@@ -208,7 +208,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--compress-ratios",
+        help="comma-separated ratio per layer (default "
+        f"{','.join(map(str, TEXT_CONFIG['compress_ratios']))}); the source "
+        "layers stay 1 and 3, so each needs a ratio of 1 or 2",
+    )
     args = parser.parse_args()
+    if args.compress_ratios:
+        ratios = [int(r) for r in args.compress_ratios.split(",")]
+        if len(ratios) != TEXT_CONFIG["num_hidden_layers"] or not all(
+            ratios[i] in (1, 2) for i in TEXT_CONFIG["kv_source_layer_ids"]
+        ):
+            parser.error(f"--compress-ratios {args.compress_ratios}: see --help")
+        TEXT_CONFIG["compress_ratios"] = ratios
     size = write_checkpoint(args.out, args.seed)
     print(f"wrote {args.out} ({size / 2**20:.1f} MiB of weights)")
 

@@ -58,6 +58,7 @@ def main() -> None:
         action="store_true",
         help="the page policy's test-only SM12x pages on the Triton path",
     )
+    parser.add_argument("--block-size", type=int, help="--block-size (default: unset)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
@@ -86,6 +87,7 @@ def main() -> None:
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=len(PROMPTS),
+        block_size=args.block_size,
         limit_mm_per_prompt={"image": 0},  # the text model only
         seed=0,
         compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
@@ -101,6 +103,7 @@ def main() -> None:
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {
         "backend": args.backend,
+        "block_size": args.block_size,
         "force_sm12x_pages": args.force_sm12x_pages,
         "model": args.model,
         "gpu": torch.cuda.get_device_name(),
