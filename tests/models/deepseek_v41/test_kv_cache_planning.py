@@ -7,6 +7,7 @@ through vLLM's grouping, page-size handling and KV-cache config, then the
 worker's choice of kernel page per group, as at engine start-up.
 """
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -146,3 +147,33 @@ def test_sm100_plan_is_upstreams(set_capability):
     _, specs, _ = _model_specs(capability, config)
     assert {s.block_size for n, s in specs.items() if n.endswith("swa_cache")} == {32}
     assert {s.block_size for n, s in specs.items() if n.endswith(".attn")} == {128}
+
+
+@pytest.mark.parametrize("block_size", [None, 64, 128])
+def test_sm90_triton_plan_is_accepted_by_vllm(set_capability, block_size):
+    """H100/H200 run the Triton kernel on upstream's pages. Each compressed-KV
+    group also holds indexer K caches, whose SM90 kernels take 64-token pages
+    only, so the group needs a kernel page both take: the H200's engine failed
+    with "No common block size for 64" when the sparse-MLA backend offered
+    upstream's 128 alone. ``None``: the block size vLLM picks by default."""
+    capability = set_capability(9, 0)
+    if block_size is None:
+        block_size = fork.DeepseekV4FlashInferMLASparseBackend.get_preferred_block_size(
+            16
+        )
+    config = _engine_config(block_size)
+    _, specs, backends = _model_specs(capability, config)
+    # Upstream's pages: the compressed caches take --block-size, as the
+    # indexer K caches do (the report sizes them by the preferred size).
+    for name, spec in specs.items():
+        if name.endswith(".attn"):
+            specs[name] = dataclasses.replace(spec, block_size=block_size)
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+
+    (kv_config,) = get_kv_cache_configs(config, [specs], [2 << 30])
+    for group in kv_config.kv_cache_groups:
+        group_backends = list(dict.fromkeys(backends[n] for n in group.layer_names))
+        kernel_block = select_common_block_size(
+            group.kv_cache_spec.block_size, group_backends
+        )
+        assert group.kv_cache_spec.block_size % kernel_block == 0

@@ -210,7 +210,18 @@ def compressed_kernel_block_sizes() -> list[int | MultipleOf]:
     """Compressed-KV page sizes (tokens) this GPU's kernels take, largest
     first; empty when the plan keeps upstream's pages."""
     plan = current_page_plan()
-    return list(plan.kernel_block_sizes(DSV41_COMPRESS_RATIOS)) if plan else []
+    if plan is None:
+        return []
+    if sizes := plan.kernel_block_sizes(DSV41_COMPRESS_RATIOS):
+        return list(sizes)
+    if plan.kernel_path == policy.TRITON:
+        # The Triton kernel takes any page, and the indexer K caches share
+        # the compressed-KV groups: offer the pages their kernels take (64
+        # tokens on SM90), or no kernel page would serve both.
+        from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
+
+        return list(DeepseekV41IndexerBackend.get_supported_kernel_block_sizes())
+    return []
 
 
 def preferred_block_size(
