@@ -74,6 +74,10 @@ def main() -> None:
 
     # The engine core in this process: one traceback if it fails.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # PyTorch's sampler in every run: the comparison is of attention
+    # backends, and FlashInfer's sampling kernels compile at first use from
+    # FlashInfer's CUDA sources, which an offline host may not carry.
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     import torch
     import triton
 
