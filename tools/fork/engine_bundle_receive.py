@@ -21,7 +21,8 @@ installs the GPU payload (its own entry point), the fork's compiled libraries
 interpreter with the target on ``PYTHONPATH``, it imports vLLM and loads each
 library and reports versions and what could not be loaded and why
 (``--target/engine-check.json``). A target that already holds this bundle is
-reused. Uses only the standard library.
+reused. Runs from a checkout with the host's Python alone (the standard
+library and this repository's tools).
 """
 
 import argparse
@@ -34,6 +35,10 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.fork.common import sha256_of  # noqa: E402
 
 MANIFEST = "bundle.json"
 STAMP = ".engine-bundle"
@@ -65,14 +70,6 @@ print(json.dumps(report))
 
 def log(message: str) -> None:
     print(f"[engine-bundle] {message}", file=sys.stderr, flush=True)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def collect(parts_dir: Path, state: Path) -> tuple[dict, list[str]]:
