@@ -1,0 +1,137 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Build DeepSeek V4.1 from a checkpoint folder on a CPU, as vLLM's engine
+would on an H200, and load the weights with vLLM's own loader, which fails
+when a parameter is left unloaded or a tensor has no parameter.
+
+    python tests/benchmarks/load_engine_checkpoint.py DIR
+
+Prints one JSON line: the engine config's view of the model, the number of
+parameters loaded and the spread of the output head's logits on unit-size
+hidden states. The host's GPU is stood in for at the platform boundary (an
+SM90 CUDA platform; the compiled op libraries, the flash-attention extension
+and DeepGEMM are absent on a CPU, and building the model calls none of them).
+"""
+
+import json
+import sys
+import types
+
+import torch
+
+
+class _NoOps(types.ModuleType):
+    """A compiled module that is absent here: every attribute a no-op."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+
+class _Ops:
+    """A ``torch.ops`` namespace of a compiled library that is absent here:
+    capability probes answer "no"; other ops exist once the model is being
+    built (its constructors look some up) and do nothing."""
+
+    building = False
+
+    def __getattr__(self, name: str):
+        probe = "support" in name
+        if name.startswith("__") or not (probe or _Ops.building):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: False
+
+
+class _NoStream:
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
+
+
+def _stand_in_for_an_h200() -> None:
+    for name in ("vllm._C_stable_libtorch", "vllm.vllm_flash_attn"):
+        sys.modules[name] = _NoOps(name)
+    fa = sys.modules["vllm.vllm_flash_attn"]
+    fa.FA2_AVAILABLE = fa.FA3_AVAILABLE = False
+    import vllm.platforms
+    from vllm.platforms.cuda import CudaPlatform
+    from vllm.platforms.interface import DeviceCapability
+
+    answers = {
+        "get_device_capability": DeviceCapability(9, 0),
+        "get_device_name": "NVIDIA H200",
+        "get_device_total_memory": 141 << 30,
+    }
+    for method, value in answers.items():
+        setattr(CudaPlatform, method, classmethod(lambda cls, *a, v=value, **k: v))
+    CudaPlatform.device_count = classmethod(lambda cls: 1)
+    vllm.platforms._current_platform = CudaPlatform()
+    torch.cuda.Stream = torch.cuda.Event = _NoStream
+    compiled = ("_C", "_moe_C", "_C_cache_ops", "_flashmla_C", "_flashmla_extension_C")
+    for namespace in compiled:
+        setattr(torch.ops, namespace, _Ops())
+
+
+def main() -> None:
+    checkpoint = sys.argv[1]
+    _stand_in_for_an_h200()
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers import sparse_attn_indexer
+    from vllm.model_executor.model_loader import get_model_architecture
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    config = EngineArgs(
+        model=checkpoint,
+        limit_mm_per_prompt={"image": 0},
+        max_model_len=2048,
+        enforce_eager=True,
+    ).create_engine_config()
+    # The indexer refuses to be built on CUDA without DeepGEMM, which it only
+    # calls in a forward.
+    sparse_attn_indexer.has_deep_gemm = lambda: True
+    _Ops.building = True
+    with set_current_vllm_config(config):
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            distributed_init_method="tcp://127.0.0.1:29517",
+            backend="gloo",
+        )
+        initialize_model_parallel(1, 1)
+        model_cls, _ = get_model_architecture(config.model_config)
+        with set_default_torch_dtype(torch.bfloat16), torch.device("cpu"):
+            model = model_cls(vllm_config=config, prefix="")
+        DefaultModelLoader(config.load_config).load_weights(model, config.model_config)
+    head = model.language_model.lm_head.weight.float()
+    hidden = torch.randn(64, head.shape[1], generator=torch.Generator().manual_seed(0))
+    hidden = hidden / hidden.pow(2).mean(-1, keepdim=True).sqrt()
+    logits = hidden @ head.t()
+    print(
+        json.dumps(
+            {
+                "architecture": model_cls.__name__,
+                "tokenizer_mode": config.model_config.tokenizer_mode,
+                "quantization": config.model_config.quantization,
+                "compress_ratios": list(
+                    config.model_config.hf_text_config.compress_ratios
+                ),
+                "parameters": sum(1 for _ in model.parameters()),
+                "logit_std": logits.std().item(),
+                "top_probability": logits.softmax(-1).max(-1).values.mean().item(),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

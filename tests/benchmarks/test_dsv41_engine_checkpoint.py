@@ -1,0 +1,77 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The engine run's checkpoint is what vLLM builds and loads for DeepSeek
+V4.1: its own loader (in a subprocess, an H200 stood in for) takes every
+tensor it reads and leaves no parameter unloaded, and its logits are not
+flat."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WRITE = REPO / "benchmarks" / "dsv41_engine_checkpoint.py"
+LOAD = Path(__file__).with_name("load_engine_checkpoint.py")
+
+# The names are vLLM 0.30.0's (the base the engine run uses).
+pytestmark = pytest.mark.default_base_only
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dsv41") / "ckpt"
+    subprocess.run([sys.executable, WRITE, "--out", out], check=True)
+    return out
+
+
+def _load(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, LOAD, path], capture_output=True, text=True, timeout=600
+    )
+
+
+def test_vllm_builds_and_loads_it(checkpoint: Path) -> None:
+    result = _load(checkpoint)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["architecture"] == "DeepseekV41ForCausalLM"
+    assert report["tokenizer_mode"] == "deepseek_v41"
+    assert report["quantization"] is None
+    assert report["compress_ratios"] == [0, 1, 1, 2, 2, 0]
+    # Head rows ~ N(0, 9 / hidden) against unit-size states: logits ~ N(0, 9).
+    assert 2.5 < report["logit_std"] < 3.5
+    # A flat distribution over 1,024 tokens would put 0.001 on the top one.
+    assert 0.05 < report["top_probability"] < 0.9
+
+
+def test_a_missing_tensor_fails_the_load(checkpoint: Path, tmp_path: Path) -> None:
+    """The check above fails for a parameter the checkpoint lacks (vLLM
+    tracks whole parameters: a missing shard of a fused one goes unseen)."""
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in checkpoint.iterdir():
+        if f.name != "model.safetensors":
+            (broken / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(checkpoint / "model.safetensors")
+    del tensors["layers.3.attn.indexer.k_norm.weight"]
+    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
+    result = _load(broken)
+    assert result.returncode != 0
+    assert "k_norm" in result.stderr
+
+
+def test_the_tokenizer_is_byte_level(checkpoint: Path) -> None:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    text = "Page 64, héllo"
+    ids = tokenizer.encode(text).ids
+    assert len(ids) == len(text.encode())  # one token per byte
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.get_vocab_size() == 1024
+    assert tokenizer.token_to_id("<｜end▁of▁sentence｜>") == 1
