@@ -4,13 +4,14 @@
 would on an H200, and load the weights with vLLM's own loader, which fails
 when a parameter is left unloaded or a tensor has no parameter.
 
-    python tests/benchmarks/load_engine_checkpoint.py DIR
+    python tests/benchmarks/load_engine_checkpoint.py DIR [DIR ...]
 
-Prints one JSON line: the engine config's view of the model, the number of
-parameters loaded and the spread of the output head's logits on unit-size
-hidden states. The host's GPU is stood in for at the platform boundary (an
-SM90 CUDA platform; the compiled op libraries, the flash-attention extension
-and DeepGEMM are absent on a CPU, and building the model calls none of them).
+Prints one JSON line per folder: the engine config's view of the model, the
+number of parameters loaded and the spread of the output head's logits on
+unit-size hidden states, or the error the build or the load raised. The
+host's GPU is stood in for at the platform boundary (an SM90 CUDA platform;
+the compiled op libraries, the flash-attention extension and DeepGEMM are
+absent on a CPU, and building the model calls none of them).
 """
 
 import json
@@ -75,62 +76,66 @@ def _stand_in_for_an_h200() -> None:
         setattr(torch.ops, namespace, _Ops())
 
 
-def main() -> None:
-    checkpoint = sys.argv[1]
-    _stand_in_for_an_h200()
+def _load(path: str) -> dict:
+    """Build the model of the checkpoint at ``path`` and load its weights."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import (
         init_distributed_environment,
         initialize_model_parallel,
+        model_parallel_is_initialized,
     )
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.layers import sparse_attn_indexer
     from vllm.model_executor.model_loader import get_model_architecture
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     config = EngineArgs(
-        model=checkpoint,
-        limit_mm_per_prompt={"image": 0},
-        max_model_len=2048,
-        enforce_eager=True,
+        model=path, limit_mm_per_prompt={"image": 0}, max_model_len=2048
     ).create_engine_config()
-    # The indexer refuses to be built on CUDA without DeepGEMM, which it only
-    # calls in a forward.
-    sparse_attn_indexer.has_deep_gemm = lambda: True
-    _Ops.building = True
     with set_current_vllm_config(config):
-        init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            distributed_init_method="tcp://127.0.0.1:29517",
-            backend="gloo",
-        )
-        initialize_model_parallel(1, 1)
+        if not model_parallel_is_initialized():
+            init_distributed_environment(
+                world_size=1,
+                rank=0,
+                local_rank=0,
+                distributed_init_method="tcp://127.0.0.1:29517",
+                backend="gloo",
+            )
+            initialize_model_parallel(1, 1)
         model_cls, _ = get_model_architecture(config.model_config)
+        _Ops.building = True
         with set_default_torch_dtype(torch.bfloat16), torch.device("cpu"):
             model = model_cls(vllm_config=config, prefix="")
+        _Ops.building = False
         DefaultModelLoader(config.load_config).load_weights(model, config.model_config)
     head = model.language_model.lm_head.weight.float()
     hidden = torch.randn(64, head.shape[1], generator=torch.Generator().manual_seed(0))
     hidden = hidden / hidden.pow(2).mean(-1, keepdim=True).sqrt()
     logits = hidden @ head.t()
-    print(
-        json.dumps(
-            {
-                "architecture": model_cls.__name__,
-                "tokenizer_mode": config.model_config.tokenizer_mode,
-                "quantization": config.model_config.quantization,
-                "compress_ratios": list(
-                    config.model_config.hf_text_config.compress_ratios
-                ),
-                "parameters": sum(1 for _ in model.parameters()),
-                "logit_std": logits.std().item(),
-                "top_probability": logits.softmax(-1).max(-1).values.mean().item(),
-            }
-        )
-    )
+    return {
+        "architecture": model_cls.__name__,
+        "tokenizer_mode": config.model_config.tokenizer_mode,
+        "quantization": config.model_config.quantization,
+        "compress_ratios": list(config.model_config.hf_text_config.compress_ratios),
+        "parameters": sum(1 for _ in model.parameters()),
+        "logit_std": logits.std().item(),
+        "top_probability": logits.softmax(-1).max(-1).values.mean().item(),
+    }
+
+
+def main() -> None:
+    _stand_in_for_an_h200()
+    from vllm.model_executor.layers import sparse_attn_indexer
+
+    # The indexer refuses to be built on CUDA without DeepGEMM, which it only
+    # calls in a forward.
+    sparse_attn_indexer.has_deep_gemm = lambda: True
+    for path in sys.argv[1:]:
+        try:
+            report = _load(path)
+        except Exception as e:  # noqa: BLE001 - each checkpoint's own answer
+            report = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps({"checkpoint": path, **report}), flush=True)
 
 
 if __name__ == "__main__":

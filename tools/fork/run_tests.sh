@@ -46,8 +46,9 @@ for base in $bases; do
     select=(-m "not default_base_only")
   fi
   status=0
+  # --durations: the slowest tests, for keeping .ci/run under its 20 minutes.
   VLLM_FORK_BASE="$base" DSV41_PLAN_REPORT_CASES="$cases" \
-    "$venv/bin/python" -m pytest "${select[@]}" "$@" || status=$?
+    "$venv/bin/python" -m pytest --durations=15 "${select[@]}" "$@" || status=$?
   # pytest exits 5 when it collected nothing; that is a failure here too.
   if [ "$status" -eq 5 ]; then
     echo "no tests were collected against vLLM $base" >&2
