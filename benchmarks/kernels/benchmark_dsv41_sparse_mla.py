@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Time the Triton DSV4 sparse-MLA kernel against its roofline floor, a
-PyTorch gather + dequantize + matmul baseline and, where it can be built,
+PyTorch gather + dequantize + matmul baseline and, where a build of it is given,
 FlashMLA's SM90 DeepSeek-V4 ("MODEL1") sparse FP8 decode on the same pages.
 
 Decode: tokens {1, 2, 4, 8, 32, 128, 256} x heads {16, 64, 128}, each token
@@ -11,13 +11,14 @@ token count. Accuracy of every kernel is against a float64 reference over
 the dequantised rows.
 
     python benchmarks/kernels/benchmark_dsv41_sparse_mla.py \
-        --out-dir benchmarks/results [--flashmla-src .peers/src] [--sweep]
+        --out-dir benchmarks/results [--flashmla-module PATH] [--sweep]
 
-FlashMLA (``--flashmla-src``, see build_flashmla_peer.py) is built from its
-sources and timed on the same pools, slot ids, lengths and sinks, each token
-as its own batch entry; its per-batch planning (the scheduler kernel that
-get_mla_metadata's first call runs) is made once, outside the timed region,
-and so are its buffers and the padding of fewer than 64 heads to 64.
+FlashMLA (``--flashmla-module``: an extension built outside this
+repository, see flashmla_peer.py) is timed on the same pools, slot ids,
+lengths and sinks, each token as its own batch entry; its per-batch
+planning (the scheduler kernel that get_mla_metadata's first call runs) is
+made once, outside the timed region, and so are its buffers and the padding
+of fewer than 64 heads to 64.
 
 Writes dsv41_sparse_mla_<gpu>.json and .md (and a roofline PNG where
 matplotlib is present; otherwise draw it later with
@@ -26,7 +27,6 @@ benchmarks/kernels/plot_dsv41_sparse_mla_roofline.py).
 
 import argparse
 import datetime
-import importlib.util
 import json
 import math
 import os
@@ -436,33 +436,17 @@ def _load_kernel(path: str):
     return load_kernel_module(path)
 
 
-def _load_peer(src: str | None):
-    if not src:
+def _load_peer(path: str | None):
+    if not path:
         return None, None
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from build_flashmla_peer import FlashMLAPeer, build
+    import flashmla_peer
 
-    version = "unknown"
-    vfile = os.path.join(
-        os.path.dirname(src) if src.endswith(".so") else src, "VERSIONS"
-    )
-    if os.path.exists(vfile):
-        with open(vfile) as f:
-            version = f.read().strip()
     try:
-        if src.endswith(".so"):
-            # A module built by an earlier run on the same machine image.
-            from importlib.machinery import ExtensionFileLoader
-
-            spec = importlib.util.spec_from_loader(
-                "flashmla_peer", ExtensionFileLoader("flashmla_peer", src)
-            )
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return FlashMLAPeer(module), version
-        return FlashMLAPeer(build(src)), version
-    except Exception as e:  # no nvcc, not SM90, sources missing
+        return flashmla_peer.FlashMLAPeer(flashmla_peer.load_module(path)), (
+            flashmla_peer.version(path)
+        )
+    except Exception as e:  # not built for this torch or GPU
         print(f"FlashMLA peer not available: {type(e).__name__}: {e}")
         return None, None
 
@@ -482,9 +466,9 @@ def main() -> None:
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
     ap.add_argument(
-        "--flashmla-src",
+        "--flashmla-module",
         default=None,
-        help="FlashMLA sources (or an already built flashmla_peer .so): time it",
+        help="a built FlashMLA peer extension (see flashmla_peer.py): time it",
     )
     ap.add_argument(
         "--kernel", default=None, help="time this copy of the kernel module instead"
@@ -505,7 +489,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.kernel:
         K = _load_kernel(args.kernel)
-    peer, peer_version = _load_peer(args.flashmla_src)
+    peer, peer_version = _load_peer(args.flashmla_module)
 
     props = torch.cuda.get_device_properties(0)
     meta = dict(

@@ -7,12 +7,11 @@
 # root with the git-ignored .peers/ folder carried along:
 #   .peers/vllm_src.tgz  vLLM 0.30.0's *.py files and dist-info (the kernel
 #                        module imports vllm.triton_utils)
-#   .peers/src.tgz       FlashMLA's SM90 sparse-decode sources + CUTLASS
-#                        headers (see build_flashmla_peer.py), optional
-# Example:
+# and, optionally, FlashMLA's peer extension built outside the repository
+# (see benchmarks/kernels/flashmla_peer.py). Example:
 #   bash benchmarks/kernels/dsv41_sparse_mla_device.sh \
 #     python3 benchmarks/kernels/benchmark_dsv41_sparse_mla.py \
-#       --flashmla-src .peers/src --out-dir "$OUT"
+#       --flashmla-module PATH --out-dir "$OUT"
 set -euo pipefail
 echo "repository root: $PWD"
 site=$(mktemp -d /tmp/vllm_site.XXXXXX)
@@ -26,8 +25,5 @@ touch "$site/vllm/_C_stable_libtorch.py"
 dst="$site/vllm/v1/attention/ops/triton_dsv41_sparse_mla.py"
 rm -f "$dst"
 cp vllm/v1/attention/ops/triton_dsv41_sparse_mla.py "$dst"
-if [ -f .peers/src.tgz ] && [ ! -d .peers/src ]; then
-  tar xzf .peers/src.tgz -C .peers
-fi
 export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1
 "$@"

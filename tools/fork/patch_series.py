@@ -61,9 +61,8 @@ SERIES_FILES: dict[str, tuple[str, ...]] = {
         "tests/kernels/attention/test_gpu_tests_use_live_names.py",
         "tools/kernels/dsv41_sparse_mla_offline.py",
         "benchmarks/kernels/*dsv41_sparse_mla*.py",
-        # The benchmark's FlashMLA peer (its sources are fetched, not added).
-        "benchmarks/kernels/build_flashmla_peer.py",
-        "benchmarks/kernels/flashmla_peer_binding.cpp",
+        # The benchmark's FlashMLA peer, run from a module built elsewhere.
+        "benchmarks/kernels/flashmla_peer.py",
     ),
 }
 # Files of the fork that upstream does not need: the pre-0.30.0 import path
