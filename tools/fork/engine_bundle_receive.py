@@ -17,12 +17,12 @@ missing, 1 on an error.
 When the last part arrives it checks the whole bundle's sha256, unpacks it,
 installs the GPU payload (its own entry point), the fork's compiled libraries
 (replacing the payload's stand-ins) and the engine's wheels into
-``--target``; then, in a fresh
-interpreter with the target on ``PYTHONPATH``, it imports vLLM and loads each
-library and reports versions and what could not be loaded and why
-(``--target/engine-check.json``). A target that already holds this bundle is
-reused. Runs from a checkout with the host's Python alone (the standard
-library and this repository's tools).
+``--target``; then, in a fresh interpreter with the target on
+``PYTHONPATH``, it imports vLLM, loads each library, and reports versions
+and what could not be loaded and why (``--target/engine-check.json``). A
+target that already holds this bundle is reused. Runs from a checkout with
+the host's Python alone (the standard library and this repository's
+tools).
 """
 
 import argparse
