@@ -178,8 +178,14 @@ def write_tokenizer(out: Path, vocab_size: int) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
 
 
-def write_checkpoint(out: Path, seed: int = 0) -> int:
-    """Write the checkpoint into ``out``; returns the weights' bytes."""
+def write_checkpoint(
+    out: Path, seed: int = 0, compress_ratios: list[int] | None = None
+) -> int:
+    """Write the checkpoint into ``out`` (``compress_ratios``: one per layer,
+    default ``TEXT_CONFIG``'s); returns the weights' bytes."""
+    text = dict(TEXT_CONFIG)
+    if compress_ratios is not None:
+        text["compress_ratios"] = compress_ratios
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -187,7 +193,7 @@ def write_checkpoint(out: Path, seed: int = 0) -> int:
     config = {
         "architectures": ["DeepseekV41ForCausalLM"],
         "model_type": "deepseek_v41",
-        "text_config": TEXT_CONFIG,
+        "text_config": text,
         "torch_dtype": "bfloat16",
         "tie_word_embeddings": False,
         **ids,
@@ -197,10 +203,10 @@ def write_checkpoint(out: Path, seed: int = 0) -> int:
     gen = torch.Generator().manual_seed(seed)
     tensors = {
         name: initial_value(name, shape, gen).to(dtype).contiguous()
-        for name, (shape, dtype) in tensor_shapes(TEXT_CONFIG).items()
+        for name, (shape, dtype) in tensor_shapes(text).items()
     }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    write_tokenizer(out, TEXT_CONFIG["vocab_size"])
+    write_tokenizer(out, text["vocab_size"])
     return (out / "model.safetensors").stat().st_size
 
 
@@ -215,14 +221,14 @@ def main() -> None:
         "layers stay 1 and 3, so each needs a ratio of 1 or 2",
     )
     args = parser.parse_args()
+    ratios = None
     if args.compress_ratios:
         ratios = [int(r) for r in args.compress_ratios.split(",")]
         if len(ratios) != TEXT_CONFIG["num_hidden_layers"] or not all(
             ratios[i] in (1, 2) for i in TEXT_CONFIG["kv_source_layer_ids"]
         ):
             parser.error(f"--compress-ratios {args.compress_ratios}: see --help")
-        TEXT_CONFIG["compress_ratios"] = ratios
-    size = write_checkpoint(args.out, args.seed)
+    size = write_checkpoint(args.out, args.seed, ratios)
     print(f"wrote {args.out} ({size / 2**20:.1f} MiB of weights)")
 
 

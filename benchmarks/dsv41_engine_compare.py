@@ -71,7 +71,8 @@ def _label(run: dict) -> str:
     return f"{run['backend']}{pages}"
 
 
-def table(ref: dict, runs: list[dict]) -> str:
+def table(ref: dict, runs: list[dict]) -> tuple[str, bool]:
+    """The markdown table, and whether every run passed."""
     versions = ", ".join(f"{k} {v}" for k, v in ref["versions"].items())
     lines = [
         (
@@ -86,8 +87,10 @@ def table(ref: dict, runs: list[dict]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     summaries = []
+    passed = True
     for run in runs:
         result = compare_run(ref, run)
+        passed = passed and result["passed"]
         for i, (r, p) in enumerate(zip(result["rows"], run["prompts"], strict=True)):
             verdict = (
                 "match"
@@ -107,7 +110,7 @@ def table(ref: dict, runs: list[dict]) -> str:
             f"noise {result['noise']:.3g} (tolerance {LOGPROB_TOLERANCE}); "
             f"{'PASS' if result['passed'] else 'FAIL'}"
         )
-    return "\n".join([*lines, "", *summaries]) + "\n"
+    return "\n".join([*lines, "", *summaries]) + "\n", passed
 
 
 def main() -> None:
@@ -118,11 +121,11 @@ def main() -> None:
     args = parser.parse_args()
     ref = json.loads(args.ref.read_text())
     runs = [json.loads(p.read_text()) for p in args.runs]
-    text = table(ref, runs)
+    text, passed = table(ref, runs)
     print(text)
     if args.md:
         args.md.write_text(text)
-    if not all(compare_run(ref, run)["passed"] for run in runs):
+    if not passed:
         raise SystemExit(1)
 
 

@@ -143,58 +143,25 @@ def compiled_members(fork_wheel: Path) -> Iterator[tuple[str, bytes]]:
 
 
 def _write_parts(members: Iterator[tuple[str, bytes]], out: Path, part_bytes: int):
-    """Stream an uncompressed tar of ``members`` into ``part-NN`` files of at
+    """An uncompressed tar of ``members`` cut into ``part-NN`` files of at
     most ``part_bytes``; returns (parts, whole sha256, whole size)."""
-
-    class Parts(io.RawIOBase):
-        def __init__(self) -> None:
-            self.parts: list[dict] = []
-            self.whole = hashlib.sha256()
-            self.size = 0
-            self._file = None
-            self._hash = None
-            self._left = 0
-
-        def writable(self) -> bool:
-            return True
-
-        def _next(self) -> None:
-            self._close_part()
-            name = f"part-{len(self.parts):02d}"
-            self._file = (out / name).open("wb")
-            self._hash = hashlib.sha256()
-            self._left = part_bytes
-            self.parts.append({"file": name, "bytes": 0})
-
-        def _close_part(self) -> None:
-            if self._file is not None:
-                self._file.close()
-                self.parts[-1]["sha256"] = self._hash.hexdigest()
-                self._file = None
-
-        def write(self, data) -> int:
-            view = memoryview(data)
-            while view:
-                if self._left == 0:
-                    self._next()
-                chunk = view[: self._left]
-                self._file.write(chunk)
-                self._hash.update(chunk)
-                self.whole.update(chunk)
-                self._left -= len(chunk)
-                self.parts[-1]["bytes"] += len(chunk)
-                self.size += len(chunk)
-                view = view[len(chunk) :]
-            return len(data)
-
-    sink = Parts()
-    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+    whole_tar = out / "bundle.tar"
+    with tarfile.open(whole_tar, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, data in members:
             info = tarfile.TarInfo(name)
             info.size, info.mtime, info.mode = len(data), MTIME, 0o644
             tar.addfile(info, io.BytesIO(data))
-    sink._close_part()
-    return sink.parts, sink.whole.hexdigest(), sink.size
+    parts, whole = [], hashlib.sha256()
+    with whole_tar.open("rb") as f:
+        while chunk := f.read(part_bytes):
+            name = f"part-{len(parts):02d}"
+            (out / name).write_bytes(chunk)
+            whole.update(chunk)
+            digest = hashlib.sha256(chunk).hexdigest()
+            parts.append({"file": name, "bytes": len(chunk), "sha256": digest})
+    size = whole_tar.stat().st_size
+    whole_tar.unlink()
+    return parts, whole.hexdigest(), size
 
 
 def build_bundle(
@@ -210,7 +177,7 @@ def build_bundle(
     pin = load_pin()
     fork_wheel = build(REPO / "dist")
     payload = REPO / "dist" / default_payload_name(pin.VLLM_VERSION, python)
-    payload_manifest = build_payload(payload, python, site)
+    payload_manifest = build_payload(payload, python, site, fork_wheel=fork_wheel)
     versions = engine_wheel_versions(site)
     wheels = fetch_wheels(versions, python)
     shutil.rmtree(out, ignore_errors=True)

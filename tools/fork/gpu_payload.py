@@ -373,17 +373,23 @@ def _write_archive(path: Path, members: Iterable[tuple[str, bytes]]) -> None:
 
 
 def build_payload(
-    out: Path, python: str, site: Path, wheel_dir: Path | None = None
+    out: Path,
+    python: str,
+    site: Path,
+    wheel_dir: Path | None = None,
+    fork_wheel: Path | None = None,
 ) -> dict:
     """Write the payload for the current base and CPython ``python`` to
-    ``out``; ``site`` is the dev venv whose package versions it takes.
-    Returns the manifest (also stored in the archive as ``payload.json``)."""
+    ``out``; ``site`` is the dev venv whose package versions it takes, and
+    ``fork_wheel`` a fork wheel already built (else one is built into
+    ``wheel_dir``). Returns the manifest (also stored in the archive as
+    ``payload.json``)."""
     from tools.fork.build_wheel import build, fork_version
 
     pin = load_pin()
     versions = pinned_wheels(site)
     wheels = fetch_wheels(versions, python)
-    fork_wheel = build(wheel_dir or REPO / "dist")
+    fork_wheel = fork_wheel or build(wheel_dir or REPO / "dist")
     manifest: dict = {
         "base": pin.VLLM_VERSION,
         "vllm": fork_version(),
