@@ -11,7 +11,14 @@ experts (8 routed, 2 per token, one shared), mHC hyper-connections; 8 heads
 of 512 (one GPU's share of a 64-head model on 8 GPUs). Weights are BF16
 (no quantization config), random with fan-in scaling; the output head is
 scaled so logits spread by about 3 after the final norm (not flat, so greedy
-decoding has clear winners at most steps). The tokenizer is byte-level, made
+decoding has clear winners at most steps). Each layer's expert choice is
+fixed by the router's selection bias (layer i takes experts 2i and 2i+1,
+mod 8; the routing weights still follow the token): a token's choice of
+experts is the one discrete decision inside the model, and random routers
+put it near a tie often enough that last-bit differences between two
+attention kernels turn into different tokens within a few steps, which is
+noise, not a finding (``--free-routing`` keeps random selection to show
+it). The tokenizer is byte-level, made
 here (no download): 3 special tokens, 256 bytes, filler up to the vocabulary.
 vLLM builds the vision wrapper around the text model, so its three
 delimiter vectors are in the checkpoint; run with
@@ -73,6 +80,9 @@ TEXT_CONFIG = {
 SPECIAL_TOKENS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>")
 # Spread of the logits after the final RMS norm (unit-size hidden states).
 LOGIT_SPREAD = 3.0
+# Added to the chosen experts' selection scores: sqrt(softplus(logit)) of a
+# unit-variance router logit stays far below it, so the choice never flips.
+SELECTION_BIAS = 10.0
 
 
 def tensor_shapes(t: dict) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -149,6 +159,14 @@ def initial_value(
     return values / shape[-1] ** 0.5  # fan-in
 
 
+def fixed_selection_bias(layer: int, experts: int) -> torch.Tensor:
+    """Layer ``layer``'s router bias: experts 2*layer and 2*layer+1 (mod
+    ``experts``) always win the selection, so the layers use them all."""
+    bias = torch.zeros(experts)
+    bias[[(2 * layer) % experts, (2 * layer + 1) % experts]] = SELECTION_BIAS
+    return bias
+
+
 def write_tokenizer(out: Path, vocab_size: int) -> None:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
@@ -179,7 +197,10 @@ def write_tokenizer(out: Path, vocab_size: int) -> None:
 
 
 def write_checkpoint(
-    out: Path, seed: int = 0, compress_ratios: list[int] | None = None
+    out: Path,
+    seed: int = 0,
+    compress_ratios: list[int] | None = None,
+    free_routing: bool = False,
 ) -> int:
     """Write the checkpoint into ``out`` (``compress_ratios``: one per layer,
     default ``TEXT_CONFIG``'s); returns the weights' bytes."""
@@ -205,6 +226,11 @@ def write_checkpoint(
         name: initial_value(name, shape, gen).to(dtype).contiguous()
         for name, (shape, dtype) in tensor_shapes(text).items()
     }
+    if not free_routing:
+        for i in range(text["num_hidden_layers"]):
+            tensors[f"layers.{i}.ffn.gate.bias"] = fixed_selection_bias(
+                i, text["n_routed_experts"]
+            )
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     write_tokenizer(out, text["vocab_size"])
     return (out / "model.safetensors").stat().st_size
@@ -220,6 +246,11 @@ def main() -> None:
         f"{','.join(map(str, TEXT_CONFIG['compress_ratios']))}); the source "
         "layers stay 1 and 3, so each needs a ratio of 1 or 2",
     )
+    parser.add_argument(
+        "--free-routing",
+        action="store_true",
+        help="random expert selection (zero selection bias), as before fixing it",
+    )
     args = parser.parse_args()
     ratios = None
     if args.compress_ratios:
@@ -228,7 +259,7 @@ def main() -> None:
             ratios[i] in (1, 2) for i in TEXT_CONFIG["kv_source_layer_ids"]
         ):
             parser.error(f"--compress-ratios {args.compress_ratios}: see --help")
-    size = write_checkpoint(args.out, args.seed, ratios)
+    size = write_checkpoint(args.out, args.seed, ratios, args.free_routing)
     print(f"wrote {args.out} ({size / 2**20:.1f} MiB of weights)")
 
 

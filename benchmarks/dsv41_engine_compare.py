@@ -68,7 +68,15 @@ def compare_run(ref: dict, run: dict) -> dict:
 
 def _label(run: dict) -> str:
     pages = ", SM12x pages forced" if run.get("force_sm12x_pages") else ""
-    return f"{run['backend']}{pages}"
+    solo = ", one prompt at a time" if run.get("solo") else ""
+    return f"{run['backend']}{pages}{solo}"
+
+
+def _repeat_note(run: dict) -> str:
+    repeats = run.get("second_pass_repeats_first")
+    if repeats is None:
+        return ""
+    return "" if repeats else "; its second pass did NOT repeat its first"
 
 
 def table(ref: dict, runs: list[dict]) -> tuple[str, bool]:
@@ -77,7 +85,7 @@ def table(ref: dict, runs: list[dict]) -> tuple[str, bool]:
     lines = [
         (
             f"Reference: {_label(ref)}, {ref['tokens_per_s']} tokens/s "
-            f"({ref['gpu']}; {versions}; {ref['date']})."
+            f"({ref['gpu']}; {versions}; {ref['date']}){_repeat_note(ref)}."
         ),
         "",
         (
@@ -108,7 +116,7 @@ def table(ref: dict, runs: list[dict]) -> tuple[str, bool]:
             f"- {_label(run)}: {run['tokens_per_s']} tokens/s "
             f"({run['tokens_per_s'] / ref['tokens_per_s']:.2f}x the reference); "
             f"noise {result['noise']:.3g} (tolerance {LOGPROB_TOLERANCE}); "
-            f"{'PASS' if result['passed'] else 'FAIL'}"
+            f"{'PASS' if result['passed'] else 'FAIL'}{_repeat_note(run)}"
         )
     return "\n".join([*lines, "", *summaries]) + "\n", passed
 

@@ -12,8 +12,11 @@ CUDA graphs are on (full graphs of the decode steps; no torch.compile, so the
 run does not depend on Inductor matching the host's torch). For every prompt
 it writes the generated tokens, each step's two most likely tokens with their
 log-probabilities (their difference is the top-two logit gap), and the
-decode throughput of the timed pass (a first, short pass warms the kernels
-up). ``benchmarks/dsv41_engine_compare.py`` compares the files.
+throughput of the second of two identical passes (the first compiles what
+start-up leaves to first use; the file says whether the second repeated it).
+``--solo`` runs one prompt at a time: the reference run that way measures
+how far its own numerical noise carries. ``benchmarks/dsv41_engine_compare.py``
+compares the files.
 """
 
 import argparse
@@ -58,6 +61,12 @@ def main() -> None:
         action="store_true",
         help="the page policy's test-only SM12x pages on the Triton path",
     )
+    parser.add_argument(
+        "--solo",
+        action="store_true",
+        help="one prompt at a time (other batch shapes, so other roundings: "
+        "the reference run this way measures its own numerical noise)",
+    )
     parser.add_argument("--block-size", type=int, help="--block-size (default: unset)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-model-len", type=int, default=2048)
@@ -97,18 +106,32 @@ def main() -> None:
         compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
     )
     load_s = time.perf_counter() - started
-    greedy = dict(temperature=0.0, logprobs=2, ignore_eos=True)
-    llm.generate(list(PROMPTS), SamplingParams(max_tokens=8, **greedy))
-    started = time.perf_counter()
-    outputs = llm.generate(
-        list(PROMPTS), SamplingParams(max_tokens=args.max_tokens, **greedy)
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=0.0, logprobs=2, ignore_eos=True
     )
+
+    def generate() -> list:
+        if args.solo:
+            return [llm.generate([p], params)[0] for p in PROMPTS]
+        return llm.generate(list(PROMPTS), params)
+
+    # The first pass compiles what start-up left to first use (kernels keyed
+    # by shapes the warm-up did not meet); the second is timed, and must
+    # repeat the first token for token.
+    first = generate()
+    started = time.perf_counter()
+    outputs = generate()
     elapsed = time.perf_counter() - started
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    repeats = all(
+        list(a.outputs[0].token_ids) == list(b.outputs[0].token_ids)
+        for a, b in zip(first, outputs, strict=True)
+    )
     result = {
         "backend": args.backend,
         "block_size": args.block_size,
         "force_sm12x_pages": args.force_sm12x_pages,
+        "solo": args.solo,
         "model": args.model,
         "gpu": torch.cuda.get_device_name(),
         "versions": {
@@ -121,6 +144,7 @@ def main() -> None:
         "load_s": round(load_s, 1),
         "generate_s": round(elapsed, 3),
         "tokens_per_s": round(generated / elapsed, 1),
+        "second_pass_repeats_first": repeats,
         "prompts": [
             {
                 "prompt": prompt,
@@ -135,7 +159,8 @@ def main() -> None:
     args.out.write_text(json.dumps(result) + "\n")
     print(
         f"{args.backend} force_sm12x_pages={args.force_sm12x_pages}: "
-        f"{generated} tokens in {elapsed:.2f} s ({result['tokens_per_s']} tok/s); "
+        f"{generated} tokens in {elapsed:.2f} s ({result['tokens_per_s']} tok/s; "
+        f"second pass repeats the first: {repeats}); "
         f"engine start {load_s:.0f} s -> {args.out}"
     )
 

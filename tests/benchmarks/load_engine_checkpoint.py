@@ -112,6 +112,12 @@ def _load(path: str) -> dict:
     hidden = torch.randn(64, head.shape[1], generator=torch.Generator().manual_seed(0))
     hidden = hidden / hidden.pow(2).mean(-1, keepdim=True).sqrt()
     logits = hidden @ head.t()
+    # The routers' selection bias as vLLM loaded it, in layer order.
+    selection_bias = [
+        param.float().tolist()
+        for name, param in model.named_parameters()
+        if name.endswith("e_score_correction_bias")
+    ]
     return {
         "architecture": model_cls.__name__,
         "tokenizer_mode": config.model_config.tokenizer_mode,
@@ -120,6 +126,7 @@ def _load(path: str) -> dict:
         "parameters": sum(1 for _ in model.parameters()),
         "logit_std": logits.std().item(),
         "top_probability": logits.softmax(-1).max(-1).values.mean().item(),
+        "selection_bias": selection_bias,
     }
 
 

@@ -76,6 +76,27 @@ def test_vllm_builds_and_loads_it(loaded: dict[str, dict]) -> None:
     assert 0.05 < report["top_probability"] < 0.9
 
 
+def test_each_layer_always_selects_the_same_experts(loaded: dict) -> None:
+    """DeepSeek V4 routing selects the top 2 of sqrt(softplus(logit)) + bias
+    (the bias steers selection only). With the bias vLLM loaded, no router
+    logit a unit-size state can produce changes a layer's choice, and the
+    layers between them use every routed expert."""
+    import torch
+
+    bias = torch.tensor(loaded["ckpt"]["selection_bias"])
+    assert bias.shape == (6, 8)
+    # Router rows are fan-in scaled: logits ~ N(0, 1); allow 4x that.
+    logits = 4 * torch.randn(10_000, 8, generator=torch.Generator().manual_seed(0))
+    scores = torch.nn.functional.softplus(logits).sqrt()
+    chosen = []
+    for layer_bias in bias:
+        picks = (scores + layer_bias).topk(2, dim=-1).indices.sort(-1).values
+        assert (picks == picks[0]).all()
+        chosen.append(tuple(picks[0].tolist()))
+    assert len(set(chosen)) > 1
+    assert {e for pair in chosen for e in pair} == set(range(8))
+
+
 def test_a_missing_tensor_fails_the_load(loaded: dict[str, dict]) -> None:
     """The check above fails for a parameter the checkpoint lacks (vLLM
     tracks whole parameters: a missing shard of a fused one goes unseen)."""
