@@ -28,9 +28,11 @@ import json
 from pathlib import Path
 
 # Largest difference of a chosen token's log-probability (nats) between two
-# runs of the same model on the same tokens that still counts as rounding:
-# both kernels read FP8 caches and round the attention output to BF16.
-LOGPROB_TOLERANCE = 0.1
+# runs of the same model on the same tokens that still counts as rounding.
+# The engine returns BF16 logits: one BF16 step of a logit between 8 and 16,
+# where the checkpoint's largest logits lie, is 1/16, and the reference
+# backend differs from itself by about two such steps; this allows four.
+LOGPROB_TOLERANCE = 0.25
 
 
 def compare_prompt(ref: dict, run: dict) -> dict:

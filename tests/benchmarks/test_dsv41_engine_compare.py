@@ -34,12 +34,18 @@ def _run(name: str, prompts: list[tuple[list[int], list[list[float]]]]) -> dict:
     }
 
 
-def _compare(tmp_path: Path, ref: dict, run: dict) -> subprocess.CompletedProcess:
+def _compare(
+    tmp_path: Path, ref: dict, run: dict, self_run: dict | None = None
+) -> subprocess.CompletedProcess:
     (tmp_path / "ref.json").write_text(json.dumps(ref))
     (tmp_path / "run.json").write_text(json.dumps(run))
+    noise = []
+    if self_run is not None:
+        (tmp_path / "self.json").write_text(json.dumps(self_run))
+        noise = ["--noise", tmp_path / "self.json"]
     return subprocess.run(
         [sys.executable, COMPARE, tmp_path / "ref.json", tmp_path / "run.json",
-         "--md", tmp_path / "t.md"],
+         *noise, "--md", tmp_path / "t.md"],
         capture_output=True, text=True,
     )  # fmt: skip
 
@@ -53,7 +59,8 @@ def test_identical_tokens_pass(tmp_path: Path) -> None:
     result = _compare(tmp_path, REF, run)
     assert result.returncode == 0, result.stdout
     assert "| run | 0 | 3 | 4 / 4 | - | - | 0.02 | match |" in result.stdout
-    assert "noise 0.02 (tolerance 0.1); PASS" in (tmp_path / "t.md").read_text()
+    summary = "largest logprob difference 0.02 (bound 0.25; near ties below twice it)"
+    assert f"{summary}; PASS" in (tmp_path / "t.md").read_text()
 
 
 def test_parting_at_a_near_tie_passes(tmp_path: Path) -> None:
@@ -78,4 +85,40 @@ def test_logprobs_beyond_the_tolerance_fail(tmp_path: Path) -> None:
     run = _run("run", [(TOKENS, [(-0.1, -3), (-0.5, -0.6), (-0.3, -2), (-1, -2)])])
     result = _compare(tmp_path, REF, run)
     assert result.returncode == 1
-    assert "noise 0.3 (tolerance 0.1); FAIL" in result.stdout
+    assert "largest logprob difference 0.3 (bound 0.25; near" in result.stdout
+    assert "FAIL" in result.stdout
+
+
+# The reference again, one prompt at a time: 0.09 from it at step 0.
+SELF = _run("self", [(TOKENS, [(-0.19, -3.0), (-0.2, -0.25), (-0.3, -2.0), (-1, -2)])])
+
+
+def test_runs_are_judged_by_the_reference_own_noise(tmp_path: Path) -> None:
+    """N = 0.09, so a run may differ by up to 0.18 and part where the
+    reference's gap is up to 0.18; 0.15 passes, 0.2 does not."""
+    within = _run("run", [(TOKENS, [(-0.25, -3), (-0.2, -0.3), (-0.3, -2), (-1, -2)])])
+    result = _compare(tmp_path, REF, within, SELF)
+    assert result.returncode == 0, result.stdout
+    assert "Reference's own noise N = 0.09" in result.stdout
+    assert "| 4 / 4 | - | - | 0.15 | match |" in result.stdout
+    assert "largest logprob difference 0.15 (bound 2N = 0.18); PASS" in result.stdout
+
+    beyond = _run("run", [(TOKENS, [(-0.3, -3), (-0.2, -0.3), (-0.3, -2), (-1, -2)])])
+    result = _compare(tmp_path, REF, beyond, SELF)
+    assert result.returncode == 1
+    assert "largest logprob difference 0.2 (bound 2N = 0.18); FAIL" in result.stdout
+
+
+def test_a_parting_beyond_twice_the_reference_noise_fails(tmp_path: Path) -> None:
+    # Parts at step 2, where the reference's gap (1.7) is far above 2N.
+    run = _run("run", [([5, 6, 0, 8], [(-0.1, -3), (-0.2, -0.25), (-1, -2), (-1, -2)])])
+    result = _compare(tmp_path, REF, run, SELF)
+    assert result.returncode == 1
+    assert "| 2 / 4 | 2 | 1.7 | 0 | MISMATCH |" in result.stdout
+
+
+def test_a_reference_too_noisy_to_judge_by_fails(tmp_path: Path) -> None:
+    noisy = _run("self", [(TOKENS, [(-0.4, -3), (-0.2, -0.25), (-0.3, -2), (-1, -2)])])
+    result = _compare(tmp_path, REF, REF, noisy)
+    assert result.returncode == 1
+    assert "N = 0.3 (" in result.stdout and "within 0.25: NO" in result.stdout
