@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.v1.attention.dsv41 import many_step_decode as msd
 
 REPO = Path(__file__).resolve().parents[4]
@@ -40,6 +42,10 @@ def check(result: dict, tolerance: float, schedule: msd.Schedule) -> None:
     assert result["mixed_steps"] > 0
 
 
+# Minutes of Triton's interpreter per base: the default base only, to keep
+# .ci/run within its 20 minutes. Every base runs the same layer step by step
+# in test_attention_forward_cpu.py.
+@pytest.mark.default_base_only
 def test_many_step_decode_on_cpu() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     runs = {
