@@ -143,8 +143,7 @@ def fork_venv(fork_wheel):
             [python, "-c", query], check=True, capture_output=True, text=True
         ).stdout.strip()
         shutil.rmtree(Path(site) / "vllm", ignore_errors=True)
-        install = [*pip, "install", "--no-deps", "--no-index", "--no-compile"]
-        install.append(fork_wheel)
+        install = [*pip, "install", "--no-deps", "--no-index", fork_wheel]
         subprocess.run(install, check=True)
         yield python
     finally:

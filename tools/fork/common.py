@@ -188,12 +188,9 @@ def provision_venv(
     # No download cache: beside the venvs it would double the disk that the
     # CUDA wheels of vLLM 0.33's requirements take.
     env = {**os.environ, "PIP_PROGRESS_BAR": "off", "PIP_NO_CACHE_DIR": "1"}
-    # No bytecode at install: compiling all of the venv's 26,000 modules takes
-    # pip over a minute; Python compiles the ones a run imports on first use.
-    install = ("install", "-q", "--no-compile")
-    run_pip(python, *install, f"torch=={pin.TORCH_VERSION}", env=env)
+    run_pip(python, "install", "-q", f"torch=={pin.TORCH_VERSION}", env=env)
     run_pip(
-        python, *install, vllm_requirement,
+        python, "install", "-q", vllm_requirement,
         f"flashinfer-python=={pin.FLASHINFER_VERSION}",
         f"torch=={pin.TORCH_VERSION}", *extra_args, env=env,
     )  # fmt: skip
