@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The generated upstream patch series applies to a pristine tree taken from
-the pinned wheel, and the CPU suite passes on that patched tree alone."""
+the pinned wheel and holds the fork, and (on the default base) the CPU suite
+passes on that patched tree alone."""
 
 import fnmatch
 import os
@@ -40,10 +41,10 @@ def test_one_patch_per_concern_with_its_reason(series):
         assert len(message.split()) > 30
 
 
-def test_series_applies_and_the_cpu_suite_passes_on_the_patched_tree(
-    series, upstream_wheel_path, tmp_path
-):
-    tree = tmp_path / "vllm-tree"
+@pytest.fixture(scope="module")
+def patched_tree(series, upstream_wheel_path, tmp_path_factory):
+    """A pristine tree from the pinned wheel with the series applied."""
+    tree = tmp_path_factory.mktemp("patched") / "vllm-tree"
     extract_pristine(upstream_wheel_path, tree)
     with zipfile.ZipFile(upstream_wheel_path) as zf:
         pristine_attention = zf.read("vllm/models/deepseek_v41/attention.py")
@@ -56,15 +57,27 @@ def test_series_applies_and_the_cpu_suite_passes_on_the_patched_tree(
         assert check.returncode == 0, check.stderr
         applied = _git(tree, "apply", str(patch))
         assert applied.returncode == 0, applied.stderr
+    return tree
+
+
+def test_the_patched_tree_holds_the_fork(patched_tree, upstream_wheel_path):
+    """What the series changes is what the fork wheel ships, byte for byte,
+    and the series brings its tests."""
+    tree = patched_tree
     assert (tree / "tests").is_dir()
-    # The patched tree's vllm files are the fork's, byte for byte: what the
-    # series changes is what the fork wheel ships.
     edited, new = fork_files(upstream_wheel_path)
     for path, data in {**edited, **new}.items():
         if any(fnmatch.fnmatch(path, pattern) for pattern in FORK_ONLY):
             continue
         assert (tree / path).read_bytes() == data, path
 
+
+# On the other bases the tree holds that base's fork byte for byte (above),
+# whose CPU suite the same run passes: running it again there costs CI
+# minutes and finds nothing new.
+@pytest.mark.default_base_only
+def test_the_cpu_suite_passes_on_the_patched_tree_alone(patched_tree):
+    tree = patched_tree
     # Only the patched tree: vllm and the tests resolve inside it, and the
     # interpreter is told nothing about this repository.
     env = {**os.environ, "PYTHONPATH": str(tree), "VLLM_PLUGINS": ""}
@@ -79,7 +92,7 @@ def test_series_applies_and_the_cpu_suite_passes_on_the_patched_tree(
     )
     assert where.stdout.strip() == str(tree / "vllm" / "__init__.py"), where.stderr
     # The many-step decode (minutes on CPU) already ran against this base's
-    # fork, whose files the tree now holds (checked above).
+    # fork, whose files the tree holds (test_the_patched_tree_holds_the_fork).
     many_step = "tests/v1/attention/dsv41/test_many_step_decode.py"
     result = subprocess.run(
         [
