@@ -123,8 +123,8 @@ def main() -> None:
         return llm.generate(list(PROMPTS), params)
 
     # The first pass compiles what start-up left to first use (kernels keyed
-    # by shapes the warm-up did not meet); the second is timed, and must
-    # repeat the first token for token.
+    # by shapes the warm-up did not meet); the second is timed, and the file
+    # records whether it repeated the first token for token.
     first = generate()
     started = time.perf_counter()
     outputs = generate()

@@ -179,7 +179,6 @@ def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("configs")
     jobs = [(n, c, ()) for n, c in CASES.items()]
     jobs += [(n, c, ("--json",)) for n, c in CASES.items() if n in JSON_CASES]
-    jobs = [j for j in jobs if j[1] is not None]
     with ThreadPoolExecutor(max_workers=2) as pool:
         done = list(pool.map(lambda job: _run(job[0], job[1], tmp, *job[2]), jobs))
     return {(n, bool(flags)): r for (n, _, flags), r in zip(jobs, done, strict=True)}
