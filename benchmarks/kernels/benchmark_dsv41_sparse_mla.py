@@ -319,10 +319,10 @@ def _sweep_configs(tokens: int, heads: int) -> list[dict]:
         tiles = [(64, 8, 32, 1), (64, 8, 16, 1)]
         splits = {1: (20, 40), 4: (8, 16, 20, 40), 8: (8, 16, 20)}
     elif heads <= 64:
-        tiles = [(64, 8, 32, 1), (64, 8, 16, 1)]
+        tiles = [(64, 8, 32, 1), (64, 8, 64, 1)]
         splits = {32: (2, 4)}
     else:
-        tiles = [(128, 8, 32, 2), (64, 8, 32, 1)]
+        tiles = [(128, 8, 32, 2), (64, 8, 32, 1), (64, 8, 64, 1)]
         splits = {32: (2, 4)}
     chunks = -(-SWA_CAP // 32) - (-CMP_CAP // 32)
     return [
@@ -425,6 +425,10 @@ TUNED_POINTS = (
     (8, 64),
     (32, 64),
     (32, 128),
+    (128, 64),
+    (256, 64),
+    (128, 128),
+    (256, 128),
 )
 
 
@@ -455,6 +459,10 @@ DECODE_TOKENS = (1, 2, 4, 8, 32, 128, 256)
 DECODE_HEADS = (16, 64, 128)
 
 
+def _parse_points(text: str) -> list[tuple[int, int]]:
+    return [tuple(int(v) for v in p.split("x")) for p in text.split(",")]
+
+
 def main() -> None:
     global K
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -478,6 +486,11 @@ def main() -> None:
         "--points",
         default=None,
         help="comma-separated TOKENSxHEADS decode points (default: all)",
+    )
+    ap.add_argument(
+        "--sweep-points",
+        default=None,
+        help="comma-separated TOKENSxHEADS points to sweep (default: the tuned ones)",
     )
     ap.add_argument("--rep-ms", type=int, default=200)
     ap.add_argument(
@@ -508,14 +521,18 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     result: dict = dict(meta=meta)
     if args.sweep or args.sweep_only:
-        pts = list(TUNED_POINTS)
+        pts = (
+            _parse_points(args.sweep_points)
+            if args.sweep_points
+            else list(TUNED_POINTS)
+        )
         result["sweep"] = sweep(pts)
     if args.sweep_only:
         with open(os.path.join(args.out_dir, f"sweep{args.tag}.json"), "w") as f:
             json.dump(result, f, indent=1, default=str)
         return
     if args.points:
-        points = [tuple(int(v) for v in p.split("x")) for p in args.points.split(",")]
+        points = _parse_points(args.points)
     else:
         points = [(t, h) for t in DECODE_TOKENS for h in DECODE_HEADS]
     cfg = (

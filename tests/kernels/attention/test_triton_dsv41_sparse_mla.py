@@ -302,6 +302,7 @@ def test_matches_reference(heads: int, record: str, both: bool, num_tokens: int)
 # pick, the smaller candidate chunk, and the output dims split over programs.
 TILES = [
     (64, 8, 32, 1),
+    (64, 8, 64, 1),
     (64, 8, 16, 1),
     (128, 8, 32, 2),
     (128, 8, 16, 2),

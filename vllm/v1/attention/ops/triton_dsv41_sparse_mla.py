@@ -246,6 +246,11 @@ def _chunk_rows(i, n_a, slots, seg_a, seg_b, RECORD: tl.constexpr):
 
 
 @triton.jit
+def _masked_scores(s, valid, qk_scale):
+    return tl.where(valid[None, :], s * qk_scale, float("-inf"))
+
+
+@triton.jit
 def _attend_chunks(
     acc,
     m_i,
@@ -288,8 +293,17 @@ def _attend_chunks(
         raw = _chunk_rows(i + 1, n_a, slots, seg_a, seg_b, RECORD)
         slots_next = _chunk_slots(i + 2, n_a, n_total, seg_a, seg_b, BLOCK_N)
         s = tl.dot(q, tl.trans(k))
-
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+        # The two branches are the same; the branch is there for Triton's
+        # layout pass, which cannot see through it. A dot whose result feeds
+        # another dot gets all its warps along M, so with one 64-row block
+        # both warpgroups would compute the whole score tile; seen as a
+        # plain dot it is split between them (sm_90a, 64 heads: 32 instead
+        # of 64 wgmmas per chunk, and no register spill). The condition only
+        # has to be unknown when compiling: qk_scale is always positive.
+        if qk_scale > 0:
+            s = _masked_scores(s, valid, qk_scale)
+        else:
+            s = _masked_scores(s, valid, qk_scale)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row whose candidates so far are all masked keeps m = -inf; shift
         # by 0 instead so exp2 sees -inf - 0 rather than -inf - -inf = NaN.

@@ -1,18 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Every tile the Triton sparse-MLA launcher picks fits the GPU it runs on.
+"""What the compiler makes of the Triton sparse-MLA launcher's tiles,
+compiled without a GPU for each family the kernel runs on (the real compiler
+is the reference).
 
-A tile whose shared memory exceeds the GPU's per-block limit compiles, then
-fails when Triton loads it, at the first request. The tiles tuned on the
-H200 need up to 176 KB; L40S, the RTX 50xx/PRO 6000 and GB10 give a block
-99 KB. Here each default tile is compiled without a GPU for each family the
-kernel runs on (the real compiler is the reference) and its shared memory is
-checked against that family's published limit and against the launcher's
-own estimate, which must stay an upper bound.
+Shared memory: a tile whose shared memory exceeds the GPU's per-block limit
+compiles, then fails when Triton loads it, at the first request. The tiles
+tuned on the H200 need up to 176 KB; L40S, the RTX 50xx/PRO 6000 and GB10
+give a block 99 KB. Each default tile's shared memory is checked against its
+family's published limit and against the launcher's own estimate, which must
+stay an upper bound.
+
+Layout: the score tile of a 64-head block must be split between the two
+warpgroups, not computed whole by each.
 """
 
 import functools
 import itertools
+import re
 
 import pytest
 
@@ -36,8 +41,12 @@ def kernel_module():
 
 
 @functools.cache
+def compiled(capability: int, tile: tuple, packed: bool):
+    return compile_tile(kernel_module(), capability, tile, packed)
+
+
 def compiled_shared_bytes(capability: int, tile: tuple, packed: bool) -> int:
-    return compile_tile(kernel_module(), capability, tile, packed).metadata.shared
+    return compiled(capability, tile, packed).metadata.shared
 
 
 def default_tiles(capability: int, packed: bool) -> set[tuple[int, int, int, int]]:
@@ -78,3 +87,35 @@ def test_a_gpu_too_small_for_any_tile_is_refused():
     kernels = kernel_module()
     with pytest.raises(ValueError, match="shared memory per program"):
         kernels._default_tile(1, 16, True, 48 * 1024)
+
+
+def _dot_warps(ttgir: str) -> list[tuple[str, list[int]]]:
+    """(result type, warpsPerCTA of its MMA layout) of each Hopper dot."""
+    layouts = {
+        name: [int(w) for w in warps.split(",")]
+        for name, warps in re.findall(
+            r"^(#mma\d*) = #ttg\.nvidia_mma<\{[^}]*warpsPerCTA = \[([\d, ]+)\]",
+            ttgir,
+            re.M,
+        )
+    }
+    return [
+        (shape, layouts[layout])
+        for shape, layout in re.findall(
+            r"ttng\.warp_group_dot .*-> tensor<(\d+x\d+)xf32, (#mma\d*)>", ttgir
+        )
+    ]
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["fp8_ds_mla", "bf16"])
+def test_64_head_scores_are_split_between_warpgroups(packed):
+    """Triton gives a dot that feeds another dot all its warps along M, so a
+    64-row score tile would be computed whole by both warpgroups of the
+    8-warp tile; the kernel hides that edge, and each computes half."""
+    tile = kernel_module()._default_tile(128, 64, packed, SHARED_BYTES_PER_BLOCK[90])
+    block_h, num_warps, block_n, _ = tile
+    assert (block_h, num_warps) == (64, 8)
+    dots = dict(_dot_warps(compiled(90, tile, packed).asm["ttgir"]))
+    # The score tile [heads, candidates] and the output tile [heads, 512].
+    assert dots[f"{block_h}x{block_n}"] == [4, 2]
+    assert dots[f"{block_h}x512"] == [4, 2]
