@@ -38,8 +38,7 @@ for base in $bases; do
   echo "=== pytest against vLLM $base ($venv) ==="
   # To keep CI short, two things run in full against the default base only:
   # the plan report's command-line table (a few cases elsewhere) and the
-  # tests marked default_base_only (the GPU payload in an imitated host, the
-  # many-step decode in Triton's interpreter, the engine run's checkpoint).
+  # tests marked default_base_only (each says why it can be spared).
   cases=all
   select=()
   if [ "$base" != "$default_base" ]; then

@@ -7,7 +7,6 @@ through vLLM's grouping, page-size handling and KV-cache config, then the
 worker's choice of kernel page per group, as at engine start-up.
 """
 
-import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -58,7 +57,9 @@ def _engine_config(block_size: int) -> VllmConfig:
 def _model_specs(capability: DeviceCapability, config: VllmConfig):
     """Specs and backend per layer, as the built model would report them."""
     plan = policy.plan_pages(capability)
-    specs = report.cache_specs(capability, HF_CONFIG, plan, "fp8", True)
+    specs = report.cache_specs(
+        capability, HF_CONFIG, plan, "fp8", True, config.cache_config.block_size
+    )
     backends = {
         name: fork.DeepseekSparseSWAFlashInferSM120Backend
         if name.endswith("swa_cache")
@@ -164,10 +165,10 @@ def test_sm90_triton_plan_is_accepted_by_vllm(set_capability, block_size):
     config = _engine_config(block_size)
     _, specs, backends = _model_specs(capability, config)
     # Upstream's pages: the compressed caches take --block-size, as the
-    # indexer K caches do (the report sizes them by the preferred size).
-    for name, spec in specs.items():
-        if name.endswith(".attn"):
-            specs[name] = dataclasses.replace(spec, block_size=block_size)
+    # indexer K caches do.
+    assert {s.block_size for n, s in specs.items() if n.endswith(".attn")} == {
+        block_size
+    }
     from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
 
     (kv_config,) = get_kv_cache_configs(config, [specs], [2 << 30])

@@ -1,7 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The plan report as a user runs it: a subprocess, bad and edge inputs, its
-exit status (0 served, 1 refused, 2 usage) and the first line of its answer."""
+exit status (0 served, 1 refused, 2 usage) and the first line of its answer.
+
+Each kind of answer runs as a subprocess (a fresh interpreter that imports
+vLLM: seconds apiece); more inputs of each kind run through the same
+``main`` in-process, at the end."""
 
 import json
 import os
@@ -61,17 +65,9 @@ class Case:
 
 CASES = {
     # usage errors: exit 2, argparse's message, nothing on stdout
-    "capability-three-parts": Case(["--capability", "12.0.1"], 2, "12.0.1"),
     "capability-word": Case(["--capability", "blackwell"], 2, "compute capability"),
     "tp-zero": Case(["--capability", "12.0", "--tp", "0"], 2, "0 is not a positive"),
-    "tp-word": Case(["--capability", "12.0", "--tp", "two"], 2, "'two' is not an int"),
-    "spec-negative": Case(
-        ["--capability", "12.0", "--num-speculative-tokens", "-1"],
-        2,
-        "-1 is not at least 0",
-    ),
     "config-missing": Case(["--capability", "12.0"], 2, "No such file", config=None),
-    "config-empty": Case(["--capability", "12.0"], 2, "is not JSON", config=""),
     "config-malformed": Case(["--capability", "12.0"], 2, "is not JSON", config="{"),
     "config-llama": Case(
         ["--capability", "12.0"],
@@ -79,53 +75,12 @@ CASES = {
         "is not a DeepSeek V4.1 config (model_type 'llama'",
         config={"model_type": "llama", "num_attention_heads": 32},
     ),
-    "config-no-window": Case(
-        ["--capability", "12.0"],
-        2,
-        "the field 'sliding_window' is missing",
-        config=_with(sliding_window=None),
-    ),
-    "config-window-string": Case(
-        ["--capability", "12.0"],
-        2,
-        "sliding_window is '128'; expected an integer",
-        config=_with(sliding_window="128"),
-    ),
-    "config-text-not-object": Case(
-        ["--capability", "12.0"],
-        2,
-        "text_config is not an object",
-        config={**NESTED, "text_config": [1]},
-    ),
     # refused: exit 1, start-up's own message
     "sm80": Case(["--capability", "8.0"], 1, "this GPU is SM80"),
     "tp-3-of-128": Case(
         ["--capability", "120", "--tp", "3"],
         1,
         "128 attention heads cannot be split evenly over --tensor-parallel-size 3",
-    ),
-    "ratio-4": Case(
-        ["--capability", "12.0"],
-        1,
-        "compress ratios [4] are not DeepSeek V4.1's",
-        config=_with(compress_ratios=[0, 4, 1, 0]),
-    ),
-    "zero-heads": Case(
-        ["--capability", "12.0"],
-        1,
-        "the model has 0 attention heads",
-        config=_with(num_attention_heads=0),
-    ),
-    "heads-over-128": Case(
-        ["--capability", "12.0"],
-        1,
-        "at most 128 attention heads",
-        config=_with(num_attention_heads=256),
-    ),
-    "bf16-on-sm120": Case(
-        ["--capability", "12.0", "--kv-cache-dtype", "bfloat16"],
-        1,
-        "--kv-cache-dtype bfloat16",
     ),
     "indexer-block-64": Case(
         ["--capability", "12.0", "--block-size", "64"], 1, "--block-size 64"
@@ -233,3 +188,88 @@ def test_nested_config_reads_the_text_model(results):
         "compressed r=1",
         "compressed r=2",
     }
+
+
+# ---------------------------------------------------------------------------
+# More inputs of each kind, through the same main() in this process
+# ---------------------------------------------------------------------------
+
+MORE_USAGE_ERRORS = {
+    "capability-three-parts": (["--capability", "12.0.1"], "12.0.1", None),
+    "tp-word": (["--capability", "12.0", "--tp", "two"], "'two' is not an int", None),
+    "spec-negative": (
+        ["--capability", "12.0", "--num-speculative-tokens", "-1"],
+        "-1 is not at least 0",
+        None,
+    ),
+    "config-empty": (["--capability", "12.0"], "is not JSON", ""),
+    "config-no-window": (
+        ["--capability", "12.0"],
+        "the field 'sliding_window' is missing",
+        _with(sliding_window=None),
+    ),
+    "config-window-string": (
+        ["--capability", "12.0"],
+        "sliding_window is '128'; expected an integer",
+        _with(sliding_window="128"),
+    ),
+    "config-text-not-object": (
+        ["--capability", "12.0"],
+        "text_config is not an object",
+        {**NESTED, "text_config": [1]},
+    ),
+}
+
+MORE_REFUSALS = {
+    "ratio-4": (
+        ["--capability", "12.0"],
+        "compress ratios [4] are not DeepSeek V4.1's",
+        _with(compress_ratios=[0, 4, 1, 0]),
+    ),
+    "zero-heads": (
+        ["--capability", "12.0"],
+        "the model has 0 attention heads",
+        _with(num_attention_heads=0),
+    ),
+    "heads-over-128": (
+        ["--capability", "12.0"],
+        "at most 128 attention heads",
+        _with(num_attention_heads=256),
+    ),
+    "bf16-on-sm120": (
+        ["--capability", "12.0", "--kv-cache-dtype", "bfloat16"],
+        "--kv-cache-dtype bfloat16",
+        None,
+    ),
+}
+
+
+def _main_args(name: str, args: list[str], config, tmp: Path) -> list[str]:
+    if config is None:
+        return ["plan", *args]
+    path = tmp / f"{name}.json"
+    path.write_text(config if isinstance(config, str) else json.dumps(config))
+    return ["plan", *args, "--config", str(path)]
+
+
+@pytest.mark.parametrize("name", list(MORE_USAGE_ERRORS))
+def test_more_usage_errors(capsys, tmp_path, name):
+    from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
+
+    args, needle, config = MORE_USAGE_ERRORS[name]
+    with pytest.raises(SystemExit) as exit_info:
+        report.main(_main_args(name, args, config, tmp_path))
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    last = err.strip().splitlines()[-1]
+    assert out == "" and "error:" in last and needle in last, last
+
+
+@pytest.mark.parametrize("name", list(MORE_REFUSALS))
+def test_more_refusals(capsys, tmp_path, name):
+    from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
+
+    args, needle, config = MORE_REFUSALS[name]
+    assert report.main(_main_args(name, args, config, tmp_path)) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("start-up error: ") and needle in lines[1], lines

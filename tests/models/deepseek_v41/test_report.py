@@ -96,3 +96,39 @@ def test_text_output_names_the_caches(capsys):
     assert report.main(["plan", "--capability", "12.0"]) == 0
     out = capsys.readouterr().out
     assert "compressed r=2" in out and "status: served" in out
+
+
+@pytest.mark.parametrize(
+    "block_size, compressed_tokens",
+    [(None, 64), ("64", 64), ("256", 256)],
+)
+def test_sm90_pages_are_the_h200s_on_any_host(capsys, block_size, compressed_tokens):
+    """On SM90 the indexer K caches' kernels take 64-token pages (128 on
+    other GPUs), so an H100/H200 starts with 64-token pages and takes
+    --block-size 64, whatever GPU, or none, the report runs on. The
+    compressed caches keep --block-size there (upstream's pages)."""
+    args = ["--capability", "9.0"]
+    if block_size is not None:
+        args += ["--block-size", block_size]
+    code, plan = _plan(capsys, *args)
+    assert code == 0, plan["error"]
+    caches = {c["cache"]: c for c in plan["caches"]}
+    assert (caches["swa"]["page_tokens"], caches["swa"]["states_per_page"]) == (32, 32)
+    for ratio in (1, 2):
+        cache = caches[f"compressed r={ratio}"]
+        assert cache["page_tokens"] == compressed_tokens
+        assert cache["states_per_page"] == compressed_tokens // ratio
+
+
+def test_sm90_refuses_pages_its_indexer_cannot_split(capsys):
+    code, plan = _plan(capsys, "--capability", "9.0", "--block-size", "32")
+    assert code == 1
+    assert "multiple of 64" in plan["error"]
+
+
+def test_the_report_leaves_the_hosts_gpu_as_it_was(capsys):
+    from vllm.platforms import current_platform
+
+    before = current_platform.get_device_capability()
+    _plan(capsys, "--capability", "9.0")
+    assert current_platform.get_device_capability() == before

@@ -21,10 +21,12 @@ this lives outside the model package (importing it loads the model).
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -101,11 +103,15 @@ def cache_specs(
     plan: policy.PagePlan,
     kv_cache_dtype: str,
     uses_fp8_ds_mla_layout: bool,
+    block_size: int | None = None,
 ) -> dict[str, Any]:
     """The KV-cache specs a model's attention layers report, by layer name.
 
     Built by upstream's own ``get_kv_cache_spec`` methods on stand-ins that
     hold just the fields those methods read, with the negotiated page sizes.
+    ``block_size``: the user's --block-size; unset, the backend's preferred
+    size, as vLLM picks it. Compressed caches without pages of the plan's
+    own take it.
     """
     from vllm.config.cache import CacheConfig
     from vllm.models.deepseek_v41.attention import (
@@ -129,7 +135,8 @@ def cache_specs(
     kernel_sizes = plan.kernel_block_sizes(DSV41_COMPRESS_RATIOS) or (
         DeepseekV4FlashInferMLASparseBackend.get_supported_kernel_block_sizes()
     )
-    block_size = preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE, kernel_sizes)
+    if block_size is None:
+        block_size = preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE, kernel_sizes)
     cache_config = SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size)
     vllm_config = SimpleNamespace(cache_config=cache_config)
     # SM10x stores the 528-byte MXFP8 record, others the 584-byte one.
@@ -178,6 +185,28 @@ def cache_specs(
     return specs
 
 
+@contextlib.contextmanager
+def _platform_reports(capability: DeviceCapability) -> Iterator[None]:
+    """Let vLLM's platform answer with the GPU being reported, not this
+    host's, while the plan is made. Upstream's backends ask it which GPU
+    they serve (the indexer K caches' kernels take 64-token pages on SM90,
+    128 elsewhere), as they would on that GPU at start-up."""
+    from vllm.platforms import current_platform
+
+    platform_cls = type(current_platform)
+    own = platform_cls.__dict__.get("get_device_capability")
+    platform_cls.get_device_capability = classmethod(  # type: ignore[method-assign]
+        lambda cls, device_id=0: capability
+    )
+    try:
+        yield
+    finally:
+        if own is None:
+            del platform_cls.get_device_capability
+        else:
+            platform_cls.get_device_capability = own  # type: ignore[method-assign]
+
+
 def make_plan(
     capability: DeviceCapability,
     hf_config: Any,
@@ -189,73 +218,76 @@ def make_plan(
     block_size: int | None = None,
     envelope: policy.SM120Envelope | None = None,
 ) -> Plan:
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
+    """The plan start-up makes on a GPU of ``capability``."""
+    with _platform_reports(capability):
+        from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
 
-    report = Plan(
-        capability=f"{capability.major}.{capability.minor}",
-        local_heads=hf_config.num_attention_heads // max(tensor_parallel_size, 1),
-    )
-    try:
-        attention_cls = sparse_mla_negotiation.attention_class_for(capability)
-        geometry = sparse_mla_negotiation.negotiate_for_model(
+        report = Plan(
+            capability=f"{capability.major}.{capability.minor}",
+            local_heads=hf_config.num_attention_heads // max(tensor_parallel_size, 1),
+        )
+        try:
+            attention_cls = sparse_mla_negotiation.attention_class_for(capability)
+            geometry = sparse_mla_negotiation.negotiate_for_model(
+                capability,
+                hf_config,
+                tensor_parallel_size=tensor_parallel_size,
+                kv_cache_dtype=kv_cache_dtype,
+                use_non_causal=use_non_causal,
+                num_speculative_tokens=num_speculative_tokens,
+                block_size=block_size,
+                attention_cls=attention_cls,
+                envelope=envelope,
+            )
+        except policy.UnsupportedSparseMLAConfig as e:
+            report.error = str(e)
+            return report
+
+        plan = geometry.plan
+        report.attention_class = f"{attention_cls.__module__}.{attention_cls.__name__}"
+        report.kernel_path = KERNEL_PATHS[geometry.kernel_path]
+        report.note = geometry.fallback_reason
+        report.flashinfer = plan.envelope.source if plan.envelope else None
+        report.padded_heads = geometry.padded_heads
+        report.kv_cache_dtype = geometry.kv_cache_dtype
+        report.swa_topks = list(geometry.swa_topks)
+        specs = cache_specs(
             capability,
             hf_config,
-            tensor_parallel_size=tensor_parallel_size,
-            kv_cache_dtype=kv_cache_dtype,
-            use_non_causal=use_non_causal,
-            num_speculative_tokens=num_speculative_tokens,
-            block_size=block_size,
-            attention_cls=attention_cls,
-            envelope=envelope,
+            plan,
+            kv_cache_dtype,
+            attention_cls.use_fp8_ds_mla_layout,
+            block_size,
         )
-    except policy.UnsupportedSparseMLAConfig as e:
-        report.error = str(e)
-        return report
-
-    plan = geometry.plan
-    report.attention_class = f"{attention_cls.__module__}.{attention_cls.__name__}"
-    report.kernel_path = KERNEL_PATHS[geometry.kernel_path]
-    report.note = geometry.fallback_reason
-    report.flashinfer = plan.envelope.source if plan.envelope else None
-    report.padded_heads = geometry.padded_heads
-    report.kv_cache_dtype = geometry.kv_cache_dtype
-    report.swa_topks = list(geometry.swa_topks)
-    specs = cache_specs(
-        capability,
-        hf_config,
-        plan,
-        kv_cache_dtype,
-        attention_cls.use_fp8_ds_mla_layout,
-    )
-    swa = [s for name, s in specs.items() if name.endswith(".swa_cache")]
-    report.caches.append(
-        CachePlan(
-            "swa",
-            list(range(len(hf_config.compress_ratios))),
-            swa[0].block_size,
-            swa[0].block_size,
-            swa[0].page_size_bytes,
-        )
-    )
-    for ratio in sorted({r for r in hf_config.compress_ratios if r > 0}):
-        layers = [
-            i
-            for i, r in enumerate(hf_config.compress_ratios)
-            if r == ratio and f"model.layers.{i}.attn" in specs
-        ]
-        if not layers:
-            continue
-        spec = specs[f"model.layers.{layers[0]}.attn"]
+        swa = [s for name, s in specs.items() if name.endswith(".swa_cache")]
         report.caches.append(
             CachePlan(
-                f"compressed r={ratio}",
-                layers,
-                spec.block_size,
-                spec.block_size // ratio,
-                spec.page_size_bytes,
+                "swa",
+                list(range(len(hf_config.compress_ratios))),
+                swa[0].block_size,
+                swa[0].block_size,
+                swa[0].page_size_bytes,
             )
         )
-    return report
+        for ratio in sorted({r for r in hf_config.compress_ratios if r > 0}):
+            layers = [
+                i
+                for i, r in enumerate(hf_config.compress_ratios)
+                if r == ratio and f"model.layers.{i}.attn" in specs
+            ]
+            if not layers:
+                continue
+            spec = specs[f"model.layers.{layers[0]}.attn"]
+            report.caches.append(
+                CachePlan(
+                    f"compressed r={ratio}",
+                    layers,
+                    spec.block_size,
+                    spec.block_size // ratio,
+                    spec.page_size_bytes,
+                )
+            )
+        return report
 
 
 def render(report: Plan) -> str:
