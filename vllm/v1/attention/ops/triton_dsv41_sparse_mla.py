@@ -656,16 +656,17 @@ def _tuned_tile(
     registers of packed FP8 ones, hence the smaller chunk for them.
 
     FP8 with many tokens: 64-head blocks (128 heads as two) of 64-candidate
-    chunks, which halve the loop's fixed cost per candidate (H200, 128
-    tokens x 64 / 128 heads: 63.7 -> 59.2 us / 119.5 -> 108.2 us against
-    32-candidate chunks and, for 128 heads, the 128-head block below). With
-    fewer tokens the candidate list is cut over more programs, and smaller
-    chunks keep them busy.
+    chunks, which spread the loop's fixed cost over twice the candidates
+    (H200, 128 tokens x 64 / 128 heads: 63.7 -> 59.2 us / 119.5 -> 108.2 us
+    against 32-candidate chunks and, for 128 heads, the 128-head block
+    below). With fewer tokens the candidate list is cut over more programs,
+    and smaller chunks keep them busy (64-candidate chunks not timed there).
 
     More than 64 heads otherwise: one 128-head block per output half, which
-    beats two 64-head blocks from 32 tokens on although each half
-    recomputes Q.K; with fewer tokens the 64-head blocks give more programs
-    to spread the candidate list over.
+    beat two 64-head blocks from 32 tokens on although each half recomputes
+    Q.K (timed before the 64-head score tile was split between warpgroups);
+    with fewer tokens the 64-head blocks give more programs to spread the
+    candidate list over.
     """
     if num_heads <= 16:
         return 16, 4, 32, 1
