@@ -94,15 +94,22 @@ CASES = {
 }
 
 
+def _config_args(name: str, config, tmp: Path) -> list[str]:
+    """--config naming ``config`` (JSON-able, or raw text) written to a file;
+    none for None."""
+    if config is None:
+        return []
+    path = tmp / f"{name}.json"
+    path.write_text(config if isinstance(config, str) else json.dumps(config))
+    return ["--config", str(path)]
+
+
 def _run(name: str, case: Case, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
     args = ["plan", *case.args, *extra]
     if name == "config-missing":
         args += ["--config", str(tmp / "absent.json")]
-    elif case.config is not None:
-        path = tmp / f"{name}.json"
-        text = case.config if isinstance(case.config, str) else json.dumps(case.config)
-        path.write_text(text)
-        args += ["--config", str(path)]
+    else:
+        args += _config_args(name, case.config, tmp)
     return subprocess.run(
         [*COMMAND, *args], capture_output=True, text=True, timeout=300
     )
@@ -244,21 +251,13 @@ MORE_REFUSALS = {
 }
 
 
-def _main_args(name: str, args: list[str], config, tmp: Path) -> list[str]:
-    if config is None:
-        return ["plan", *args]
-    path = tmp / f"{name}.json"
-    path.write_text(config if isinstance(config, str) else json.dumps(config))
-    return ["plan", *args, "--config", str(path)]
-
-
 @pytest.mark.parametrize("name", list(MORE_USAGE_ERRORS))
 def test_more_usage_errors(capsys, tmp_path, name):
     from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
 
     args, needle, config = MORE_USAGE_ERRORS[name]
     with pytest.raises(SystemExit) as exit_info:
-        report.main(_main_args(name, args, config, tmp_path))
+        report.main(["plan", *args, *_config_args(name, config, tmp_path)])
     assert exit_info.value.code == 2
     out, err = capsys.readouterr()
     last = err.strip().splitlines()[-1]
@@ -270,6 +269,6 @@ def test_more_refusals(capsys, tmp_path, name):
     from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
 
     args, needle, config = MORE_REFUSALS[name]
-    assert report.main(_main_args(name, args, config, tmp_path)) == 1
+    assert report.main(["plan", *args, *_config_args(name, config, tmp_path)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("start-up error: ") and needle in lines[1], lines
