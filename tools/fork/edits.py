@@ -32,6 +32,7 @@ SPARSE_MLA = "vllm/models/deepseek_v41/sparse_mla.py"
 ATTENTION = "vllm/models/deepseek_v41/attention.py"
 FLASHINFER = "vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py"
 MODEL = "vllm/models/deepseek_v41/nvidia/model.py"
+ENVS = "vllm/envs.py"
 
 FI_BACKEND = "DeepseekV4FlashInferMLASparseBackend"
 SM120_LAYER = "DeepseekV4FlashInferSM120Attention"
@@ -195,6 +196,24 @@ EDITS: tuple[Edit, ...] = (
         PAGES,
         "the two-segment layer pages its SWA cache as the policy says",
         anchor="swa_backend_cls = DeepseekSparseSWAFlashInferBackend",
+    ),
+    Edit(
+        ENVS,
+        "",
+        REPLACE,
+        """
+        # Test only: the DeepSeek V4.1 FlashInfer sparse-MLA backend plans
+        # SM12x pages on any GPU its Triton kernel serves, so an H200 can
+        # run them (the page policy reads it; nothing in production sets it).
+        "VLLM_DSV41_TEST_FORCE_SM12X_PAGES": lambda: (
+            os.getenv("VLLM_DSV41_TEST_FORCE_SM12X_PAGES", "0") == "1"
+        ),
+        "VLLM_TEST_FORCE_LOAD_FORMAT": lambda: os.getenv(
+        """,
+        PAGES,
+        "vLLM knows the page policy's test-only setting (no unknown-variable "
+        "warning, no refusal under --fail-on-environ-validation)",
+        anchor='"VLLM_TEST_FORCE_LOAD_FORMAT": lambda: os.getenv(',
     ),
     # ---- validation: negotiate before any cache is built
     Edit(

@@ -311,3 +311,34 @@ def test_forced_sm12x_pages_apply_to_the_triton_path_only(monkeypatch):
     monkeypatch.setenv(policy.FORCE_SM12X_PAGES_ENV, "0")
     assert policy.plan_pages(SM90).swa_block_size == 32
     assert policy.plan_pages(SM90).note is None
+
+
+def _validate_environ(hard_fail: bool) -> None:
+    """vLLM's start-up check of VLLM_* variables (in vllm.envs up to 0.30,
+    on the platform from 0.33)."""
+    from vllm import envs
+    from vllm.platforms import current_platform
+
+    check = getattr(envs, "validate_environ", None)
+    (check or current_platform.validate_environ)(hard_fail)
+
+
+def test_vllm_knows_the_test_only_setting(monkeypatch):
+    """Start-up neither warns about the setting nor, under
+    --fail-on-environ-validation, refuses it; vLLM reads it as the policy
+    does."""
+    import os
+
+    from vllm import envs
+
+    for name in [n for n in os.environ if n.startswith("VLLM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv(policy.FORCE_SM12X_PAGES_ENV, "1")
+    _validate_environ(hard_fail=True)
+    assert getattr(envs, policy.FORCE_SM12X_PAGES_ENV) is True
+    monkeypatch.setenv(policy.FORCE_SM12X_PAGES_ENV, "0")
+    assert getattr(envs, policy.FORCE_SM12X_PAGES_ENV) is False
+    # The check is live: a setting vLLM does not know is refused.
+    monkeypatch.setenv("VLLM_DSV41_NO_SUCH_SETTING", "1")
+    with pytest.raises(ValueError, match="VLLM_DSV41_NO_SUCH_SETTING"):
+        _validate_environ(hard_fail=True)
