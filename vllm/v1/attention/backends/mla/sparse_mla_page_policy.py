@@ -26,12 +26,12 @@ import ast
 import functools
 import importlib.metadata
 import importlib.util
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm import envs
 from vllm.platforms.interface import DeviceCapability
 
 # KV-cache dtypes each kernel family reads (the SM120 kernels read the packed
@@ -52,7 +52,8 @@ TRITON_MIN_CAPABILITY = 89
 # pages take the SM12x pages of FlashInfer 0.6.14-0.6.18 instead (64-token
 # SWA pages, 64 compressed states per page), so that geometry can run through
 # vLLM's whole engine on an H100/H200, where the Triton kernel takes any page.
-# No production path sets it; the plan's start-up note says it is on.
+# No production path sets it; the plan's start-up note says it is on. vLLM
+# reads it (vllm/envs.py), which also keeps start-up from calling it unknown.
 FORCE_SM12X_PAGES_ENV = "VLLM_DSV41_TEST_FORCE_SM12X_PAGES"
 SM12X_FIXED_PAGE = 64
 
@@ -277,7 +278,7 @@ def plan_pages(
         )
     if capability.to_int() >= TRITON_MIN_CAPABILITY:
         # No FlashInfer kernel for this GPU: the Triton kernel takes any page.
-        if os.environ.get(FORCE_SM12X_PAGES_ENV) == "1":
+        if getattr(envs, FORCE_SM12X_PAGES_ENV):
             forced = (
                 f"{FORCE_SM12X_PAGES_ENV}=1 (test-only): SM12x pages "
                 f"({SM12X_FIXED_PAGE}-token SWA, {SM12X_FIXED_PAGE} compressed "

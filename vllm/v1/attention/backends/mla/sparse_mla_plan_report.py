@@ -21,12 +21,12 @@ this lives outside the model package (importing it loads the model).
 """
 
 import argparse
-import contextlib
+import functools
 import json
 import logging
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -185,28 +185,33 @@ def cache_specs(
     return specs
 
 
-@contextlib.contextmanager
-def _platform_reports(capability: DeviceCapability) -> Iterator[None]:
-    """Let vLLM's platform answer with the GPU being reported, not this
-    host's, while the plan is made. Upstream's backends ask it which GPU
+def _as_the_reported_gpu(make: Callable[..., Plan]) -> Callable[..., Plan]:
+    """``make(capability, ...)`` run with vLLM's platform answering as a GPU
+    of ``capability``, not as this host. Upstream's backends ask it which GPU
     they serve (the indexer K caches' kernels take 64-token pages on SM90,
     128 elsewhere), as they would on that GPU at start-up."""
-    from vllm.platforms import current_platform
 
-    platform_cls = type(current_platform)
-    own = platform_cls.__dict__.get("get_device_capability")
-    platform_cls.get_device_capability = classmethod(  # type: ignore[method-assign]
-        lambda cls, device_id=0: capability
-    )
-    try:
-        yield
-    finally:
-        if own is None:
-            del platform_cls.get_device_capability
-        else:
-            platform_cls.get_device_capability = own  # type: ignore[method-assign]
+    @functools.wraps(make)
+    def wrapper(capability: DeviceCapability, *args: Any, **kwargs: Any) -> Plan:
+        from vllm.platforms import current_platform
+
+        platform_cls = type(current_platform)
+        own = platform_cls.__dict__.get("get_device_capability")
+        platform_cls.get_device_capability = classmethod(  # type: ignore[method-assign]
+            lambda cls, device_id=0: capability
+        )
+        try:
+            return make(capability, *args, **kwargs)
+        finally:
+            if own is None:
+                del platform_cls.get_device_capability
+            else:
+                platform_cls.get_device_capability = own  # type: ignore[method-assign]
+
+    return wrapper
 
 
+@_as_the_reported_gpu
 def make_plan(
     capability: DeviceCapability,
     hf_config: Any,
@@ -219,75 +224,74 @@ def make_plan(
     envelope: policy.SM120Envelope | None = None,
 ) -> Plan:
     """The plan start-up makes on a GPU of ``capability``."""
-    with _platform_reports(capability):
-        from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
+    from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
 
-        report = Plan(
-            capability=f"{capability.major}.{capability.minor}",
-            local_heads=hf_config.num_attention_heads // max(tensor_parallel_size, 1),
-        )
-        try:
-            attention_cls = sparse_mla_negotiation.attention_class_for(capability)
-            geometry = sparse_mla_negotiation.negotiate_for_model(
-                capability,
-                hf_config,
-                tensor_parallel_size=tensor_parallel_size,
-                kv_cache_dtype=kv_cache_dtype,
-                use_non_causal=use_non_causal,
-                num_speculative_tokens=num_speculative_tokens,
-                block_size=block_size,
-                attention_cls=attention_cls,
-                envelope=envelope,
-            )
-        except policy.UnsupportedSparseMLAConfig as e:
-            report.error = str(e)
-            return report
-
-        plan = geometry.plan
-        report.attention_class = f"{attention_cls.__module__}.{attention_cls.__name__}"
-        report.kernel_path = KERNEL_PATHS[geometry.kernel_path]
-        report.note = geometry.fallback_reason
-        report.flashinfer = plan.envelope.source if plan.envelope else None
-        report.padded_heads = geometry.padded_heads
-        report.kv_cache_dtype = geometry.kv_cache_dtype
-        report.swa_topks = list(geometry.swa_topks)
-        specs = cache_specs(
+    report = Plan(
+        capability=f"{capability.major}.{capability.minor}",
+        local_heads=hf_config.num_attention_heads // max(tensor_parallel_size, 1),
+    )
+    try:
+        attention_cls = sparse_mla_negotiation.attention_class_for(capability)
+        geometry = sparse_mla_negotiation.negotiate_for_model(
             capability,
             hf_config,
-            plan,
-            kv_cache_dtype,
-            attention_cls.use_fp8_ds_mla_layout,
-            block_size,
+            tensor_parallel_size=tensor_parallel_size,
+            kv_cache_dtype=kv_cache_dtype,
+            use_non_causal=use_non_causal,
+            num_speculative_tokens=num_speculative_tokens,
+            block_size=block_size,
+            attention_cls=attention_cls,
+            envelope=envelope,
         )
-        swa = [s for name, s in specs.items() if name.endswith(".swa_cache")]
+    except policy.UnsupportedSparseMLAConfig as e:
+        report.error = str(e)
+        return report
+
+    plan = geometry.plan
+    report.attention_class = f"{attention_cls.__module__}.{attention_cls.__name__}"
+    report.kernel_path = KERNEL_PATHS[geometry.kernel_path]
+    report.note = geometry.fallback_reason
+    report.flashinfer = plan.envelope.source if plan.envelope else None
+    report.padded_heads = geometry.padded_heads
+    report.kv_cache_dtype = geometry.kv_cache_dtype
+    report.swa_topks = list(geometry.swa_topks)
+    specs = cache_specs(
+        capability,
+        hf_config,
+        plan,
+        kv_cache_dtype,
+        attention_cls.use_fp8_ds_mla_layout,
+        block_size,
+    )
+    swa = [s for name, s in specs.items() if name.endswith(".swa_cache")]
+    report.caches.append(
+        CachePlan(
+            "swa",
+            list(range(len(hf_config.compress_ratios))),
+            swa[0].block_size,
+            swa[0].block_size,
+            swa[0].page_size_bytes,
+        )
+    )
+    for ratio in sorted({r for r in hf_config.compress_ratios if r > 0}):
+        layers = [
+            i
+            for i, r in enumerate(hf_config.compress_ratios)
+            if r == ratio and f"model.layers.{i}.attn" in specs
+        ]
+        if not layers:
+            continue
+        spec = specs[f"model.layers.{layers[0]}.attn"]
         report.caches.append(
             CachePlan(
-                "swa",
-                list(range(len(hf_config.compress_ratios))),
-                swa[0].block_size,
-                swa[0].block_size,
-                swa[0].page_size_bytes,
+                f"compressed r={ratio}",
+                layers,
+                spec.block_size,
+                spec.block_size // ratio,
+                spec.page_size_bytes,
             )
         )
-        for ratio in sorted({r for r in hf_config.compress_ratios if r > 0}):
-            layers = [
-                i
-                for i, r in enumerate(hf_config.compress_ratios)
-                if r == ratio and f"model.layers.{i}.attn" in specs
-            ]
-            if not layers:
-                continue
-            spec = specs[f"model.layers.{layers[0]}.attn"]
-            report.caches.append(
-                CachePlan(
-                    f"compressed r={ratio}",
-                    layers,
-                    spec.block_size,
-                    spec.block_size // ratio,
-                    spec.page_size_bytes,
-                )
-            )
-        return report
+    return report
 
 
 def render(report: Plan) -> str:
