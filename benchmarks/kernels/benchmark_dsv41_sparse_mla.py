@@ -316,26 +316,40 @@ def _sweep_configs(tokens: int, heads: int) -> list[dict]:
         # even when the tokens alone fill the machine.
         splits = {8: (16, 20, 40), 32: (4, 8, 16), 128: (1, 2, 4), 256: (1, 2)}
     elif tokens < 32:
-        tiles = [(64, 8, 32, 1), (64, 8, 16, 1)]
-        splits = {1: (20, 40), 4: (8, 16, 20, 40), 8: (8, 16, 20)}
+        # Few tokens: narrower head blocks give more programs to spread each
+        # token's candidates over (every block re-reads the rows, from L2).
+        tiles = [(64, 8, 32, 1), (32, 8, 32, 1), (16, 4, 32, 1), (16, 4, 16, 1)]
+        if heads > 64:
+            tiles.append((64, 8, 64, 1))
+        splits = {
+            1: (10, 20, 40),
+            2: (5, 10, 20),
+            4: (4, 8, 20),
+            8: (2, 4, 8),
+            16: (2, 4, 8),
+        }
     elif heads <= 64:
-        tiles = [(64, 8, 32, 1), (64, 8, 64, 1)]
+        # 16 warps: half the per-thread dequantisation and twice the warps
+        # to hide latency, at 128 registers per thread.
+        tiles = [(64, 8, 32, 1), (64, 8, 64, 1), (64, 16, 32, 1), (64, 16, 64, 1)]
         splits = {32: (2, 4)}
     else:
-        tiles = [(128, 8, 32, 2), (64, 8, 32, 1), (64, 8, 64, 1)]
+        tiles = [
+            (128, 8, 32, 2),
+            (64, 8, 64, 1),
+            (64, 16, 32, 1),
+            (64, 16, 64, 1),
+            (128, 16, 32, 2),
+        ]
         splits = {32: (2, 4)}
     chunks = -(-SWA_CAP // 32) - (-CMP_CAP // 32)
-    return [
-        dict(
-            block_h=bh,
-            num_warps=nw,
-            block_n=bn,
-            dv_splits=dvs,
-            num_splits=min(sp, chunks * 32 // bn),
-        )
+    configs = {
+        (bh, nw, bn, dvs, min(sp, chunks * 32 // bn))
         for bh, nw, bn, dvs in tiles
         for sp in splits.get(tokens, (1,))
-    ]
+    }
+    keys = ("block_h", "num_warps", "block_n", "dv_splits", "num_splits")
+    return [dict(zip(keys, c, strict=True)) for c in sorted(configs)]
 
 
 def sweep(points: list[tuple[int, int]]) -> list[dict]:

@@ -75,7 +75,7 @@ def test_tuned_tiles_that_would_not_fit_are_replaced():
     kernels = kernel_module()
     small = SHARED_BYTES_PER_BLOCK[120]
     big = SHARED_BYTES_PER_BLOCK[90]
-    for tokens, heads in ((128, 128), (1, 64)):
+    for tokens, heads in ((128, 128), (8, 64)):
         tuned = kernels._default_tile(tokens, heads, True, big)
         assert compiled_shared_bytes(120, tuned, True) > small
         chosen = kernels._default_tile(tokens, heads, True, small)

@@ -655,24 +655,34 @@ def _tuned_tile(
     chunk's raw rows wait in registers too, and BF16 rows take twice the
     registers of packed FP8 ones, hence the smaller chunk for them.
 
+    FP8 with few (token, head) rows: 16-head blocks, so that more programs
+    (two per multiprocessor) share each token's candidate list (H200, same
+    run: 1 x 64 heads 16.7 -> 14.3 us, 1 x 128 17.6 -> 16.7, 4 x 64
+    20.4 -> 19.3 against the 64-head blocks; with 8 tokens the 64-head block
+    is faster again).
+
     FP8 with many tokens: 64-head blocks (128 heads as two) of 64-candidate
     chunks, which spread the loop's fixed cost over twice the candidates
-    (H200, 128 tokens x 64 / 128 heads: 63.7 -> 59.2 us / 119.5 -> 108.2 us
+    (H200, 128 tokens x 64 / 128 heads: 63.9 -> 59.5 us / 118.8 -> 107.1
     against 32-candidate chunks and, for 128 heads, the 128-head block
-    below). With fewer tokens the candidate list is cut over more programs,
-    and smaller chunks keep them busy (64-candidate chunks not timed there).
+    below; 32 tokens x 128 heads: 49.3 -> 40.1). With fewer tokens and 64
+    heads the candidate list is cut over more programs, and smaller chunks
+    keep them busy (32 x 64: 30.7 against 31.5 us).
 
-    More than 64 heads otherwise: one 128-head block per output half, which
-    beat two 64-head blocks from 32 tokens on although each half recomputes
-    Q.K (timed before the 64-head score tile was split between warpgroups);
-    with fewer tokens the 64-head blocks give more programs to spread the
-    candidate list over.
+    BF16 rows with more than 64 heads: one 128-head block per output half
+    (timed on FP8 before the 64-head score tile was split between
+    warpgroups, where it beat two 64-head blocks from 32 tokens on); with
+    fewer tokens the 64-head blocks give more programs to spread the
+    candidate list over. No 16-warp tile is used: at 128 registers per
+    thread they spill (H200, 128 x 128: 131 us for bh64 bn64).
     """
     if num_heads <= 16:
         return 16, 4, 32, 1
     if num_heads <= 32:
         return 32, 8, 32, 1
-    if packed and num_tokens >= 128:
+    if packed and num_tokens * num_heads <= 256:
+        return 16, 4, 32, 1
+    if packed and (num_tokens >= 128 or (num_heads > 64 and num_tokens >= 32)):
         return 64, 8, 64, 1
     if num_heads > 64 and num_tokens >= 32:
         return 128, 8, 32, 2
