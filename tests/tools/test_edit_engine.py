@@ -71,6 +71,35 @@ def test_insert_before_and_after_the_anchor_statement():
     )
 
 
+def test_insert_around_a_dict_entry():
+    """An anchor that starts a key of a dict display places the insertion
+    around that entry (a registry such as vllm/envs.py's), not around the
+    whole assignment."""
+    source = textwrap.dedent(
+        """
+        table = {
+            "a": lambda: (
+                1
+            ),
+            "b": lambda: 2,
+        }
+        """
+    ).lstrip()
+    before = _edit("", INSERT_BEFORE, '"x": lambda: 0,', '"b": lambda')
+    after = _edit("", INSERT_AFTER, '"y": lambda: 9,', '"a": lambda')
+    out = apply_edits(lambda p: source, [before, after], "1")["pkg/mod.py"]
+    assert out == (
+        "table = {\n"
+        '    "a": lambda: (\n'
+        "        1\n"
+        "    ),\n"
+        '    "y": lambda: 9,\n'
+        '    "x": lambda: 0,\n'
+        '    "b": lambda: 2,\n'
+        "}\n"
+    )
+
+
 def test_add_to_class_and_replace_body():
     add = _edit("Cache", ADD_TO_CLASS, "def extra(self):\n    return 1")
     body = _edit("helper", REPLACE_BODY, "return x * 2")

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 # What an edit does at its anchor.
 REPLACE = "replace"  # the anchor text itself becomes ``text``
-INSERT_BEFORE = "insert_before"  # ``text`` goes before the anchor's statement
-INSERT_AFTER = "insert_after"  # ``text`` goes after the anchor's statement
+# ``text`` goes before / after the anchor's statement, or, where the anchor
+# starts a key of a dict display, before / after that key's entry.
+INSERT_BEFORE = "insert_before"
+INSERT_AFTER = "insert_after"
 ADD_TO_CLASS = "add_to_class"  # ``text`` is appended to the class body
 REPLACE_BODY = "replace_body"  # the function body (not its docstring)
 ACTIONS = (REPLACE, INSERT_BEFORE, INSERT_AFTER, ADD_TO_CLASS, REPLACE_BODY)
@@ -143,6 +145,19 @@ def _innermost_statement(node: ast.AST, line: int) -> ast.stmt:
     return min(holding, key=lambda s: s.end_lineno - s.lineno)  # type: ignore[operator]
 
 
+def _insertion_span(stmt: ast.stmt, line: int, column: int) -> tuple[int, int, int]:
+    """(first line, last line, column) that an insertion at the anchor on
+    0-based ``line`` and ``column`` goes around: the dict entry whose key
+    starts there (upstream's registries are dict displays), else ``stmt``."""
+    for child in ast.walk(stmt):
+        if not isinstance(child, ast.Dict):
+            continue
+        for key, value in zip(child.keys, child.values, strict=True):
+            if key is not None and (key.lineno - 1, key.col_offset) == (line, column):
+                return key.lineno, value.end_lineno, key.col_offset  # type: ignore[return-value]
+    return stmt.lineno, stmt.end_lineno, stmt.col_offset  # type: ignore[return-value]
+
+
 def _indented(text: str, indent: str) -> list[str]:
     body = textwrap.dedent(text).strip("\n")
     return [(indent + ln if ln.strip() else "") + "\n" for ln in body.split("\n")]
@@ -197,16 +212,17 @@ def apply_edit(source: str, edit: Edit, base: str) -> str:
                 rest = rest[1:]  # a deleted statement leaves no blank line
             lines[line:] = rest
         else:
-            stmt = _innermost_statement(node, line)
-            indent = " " * stmt.col_offset
-            new = _indented(edit.text, indent)
+            first, last, col = _insertion_span(
+                _innermost_statement(node, line), line, column
+            )
+            new = _indented(edit.text, " " * col)
             if new[0].lstrip().startswith(("class ", "def ", "@")):
                 # PEP 8 spacing around a definition: two lines at module
                 # level, one inside a class.
-                gap = ["\n"] * (2 if stmt.col_offset == 0 else 1)
+                gap = ["\n"] * (2 if col == 0 else 1)
                 new = gap + new if edit.action == INSERT_AFTER else new + gap
             before = edit.action == INSERT_BEFORE
-            at = stmt.lineno - 1 if before else stmt.end_lineno
+            at = first - 1 if before else last
             lines[at:at] = new  # type: ignore[misc]
     edited = "".join(lines)
     try:

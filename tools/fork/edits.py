@@ -200,7 +200,7 @@ EDITS: tuple[Edit, ...] = (
     Edit(
         ENVS,
         "",
-        REPLACE,
+        INSERT_BEFORE,
         """
         # Test only: the DeepSeek V4.1 FlashInfer sparse-MLA backend plans
         # SM12x pages on any GPU its Triton kernel serves, so an H200 can
@@ -208,7 +208,6 @@ EDITS: tuple[Edit, ...] = (
         "VLLM_DSV41_TEST_FORCE_SM12X_PAGES": lambda: (
             os.getenv("VLLM_DSV41_TEST_FORCE_SM12X_PAGES", "0") == "1"
         ),
-        "VLLM_TEST_FORCE_LOAD_FORMAT": lambda: os.getenv(
         """,
         PAGES,
         "vLLM knows the page policy's test-only setting (no unknown-variable "
