@@ -171,9 +171,7 @@ def default_config(tokens: int, heads: int) -> str:
         splits = K._default_splits(base, chunks, torch.device("cuda"))
     else:
         splits = K._default_splits(base, chunks, torch.device("cuda"), per_sm)
-    # The launcher then evens out the chunks per split (20 chunks over 16
-    # splits run as 10 splits of 2).
-    splits = -(-chunks // -(-chunks // splits))
+    splits, _ = K._even_splits(chunks, splits)
     return f"bh{block_h} w{num_warps} bn{block_n} dv/{dv_splits} s{splits}"
 
 

@@ -715,6 +715,14 @@ def _default_splits(
     return max(1, min(num_chunks, per_sm * sms // base_programs))
 
 
+def _even_splits(num_chunks: int, num_splits: int) -> tuple[int, int]:
+    """(splits, chunks per split) that run for ``num_splits`` asked: every
+    split gets the same number of chunks, so none is left with an empty range
+    by the rounding (20 chunks over 16 splits run as 10 splits of 2)."""
+    chunks_per_split = triton.cdiv(num_chunks, max(1, min(num_splits, num_chunks)))
+    return triton.cdiv(num_chunks, chunks_per_split), chunks_per_split
+
+
 def _programs_per_sm(block_h: int, num_warps: int) -> int:
     """Programs of a tile that share a multiprocessor. The 16-head 4-warp
     tile holds a [16, 512] accumulator in 64 registers per thread, so two
@@ -811,10 +819,7 @@ def _launch(
     num_splits = num_splits or _default_splits(
         base, num_chunks, query.device, _programs_per_sm(block_h, num_warps)
     )
-    num_splits = max(1, min(num_splits, num_chunks))
-    chunks_per_split = triton.cdiv(num_chunks, num_splits)
-    # Recompute so no split is left with an empty range by the rounding.
-    num_splits = triton.cdiv(num_chunks, chunks_per_split)
+    num_splits, chunks_per_split = _even_splits(num_chunks, num_splits)
 
     split = num_splits > 1
     if split:
