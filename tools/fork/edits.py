@@ -32,10 +32,13 @@ SPARSE_MLA = "vllm/models/deepseek_v41/sparse_mla.py"
 ATTENTION = "vllm/models/deepseek_v41/attention.py"
 FLASHINFER = "vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py"
 MODEL = "vllm/models/deepseek_v41/nvidia/model.py"
+INDEXER = "vllm/v1/attention/backends/mla/indexer.py"
 ENVS = "vllm/envs.py"
 
 FI_BACKEND = "DeepseekV4FlashInferMLASparseBackend"
 SM120_LAYER = "DeepseekV4FlashInferSM120Attention"
+INDEXER_BACKEND = "DeepseekV41IndexerBackend"
+INDEXER_CACHE = "DeepseekV4IndexerCache"
 
 EDITS: tuple[Edit, ...] = (
     # ---- pages: the hooks, the policy's answers, the caches built from them
@@ -109,6 +112,81 @@ EDITS: tuple[Edit, ...] = (
         PAGES,
         "the compressed-KV spec takes the backend's page when it fixes one",
         anchor="block_size=vllm_config.cache_config.block_size,",
+    ),
+    Edit(
+        INDEXER,
+        "",
+        INSERT_AFTER,
+        """
+        from vllm.v1.attention.backends.mla import sparse_mla_page_policy
+        """,
+        PAGES,
+        "the indexer backend answers from the page policy",
+        anchor="from vllm.v1.attention.backend import",
+    ),
+    Edit(
+        INDEXER,
+        f"{INDEXER_BACKEND}.get_supported_kernel_block_sizes",
+        INSERT_BEFORE,
+        """
+        # DeepGEMM's paged MQA logits read pages of a fixed number of
+        # compressed states: one kernel page per compress ratio.
+        if pages := sparse_mla_page_policy.current_indexer_pages():
+            return list(
+                pages.kernel_block_sizes(sparse_mla_page_policy.DSV41_COMPRESS_RATIOS)
+            )
+        """,
+        PAGES,
+        "the indexer's kernel pages hold the states DeepGEMM reads, per ratio",
+        anchor="return [64 if current_platform.is_device_capability_family(90)",
+    ),
+    Edit(
+        INDEXER,
+        INDEXER_BACKEND,
+        ADD_TO_CLASS,
+        '''
+        @classmethod
+        def get_indexer_block_size(cls, compress_ratio: int) -> int | None:
+            """Tokens per K-cache page of an indexer over states of
+            ``compress_ratio`` tokens each; None pages it with ``--block-size``."""
+            pages = sparse_mla_page_policy.current_indexer_pages()
+            return pages.block_size(compress_ratio) if pages else None
+
+        @classmethod
+        def check_indexer_pages(cls) -> None:
+            """Raise at start-up if the installed DeepGEMM cannot read these
+            pages on this GPU, rather than at the first decode."""
+            capability = current_platform.get_device_capability()
+            if capability is not None:
+                sparse_mla_page_policy.confirm_indexer_pages(capability)
+        ''',
+        PAGES,
+        "the indexer backend pages its K caches and confirms them with DeepGEMM",
+    ),
+    Edit(
+        ATTENTION,
+        f"{INDEXER_CACHE}.get_kv_cache_spec",
+        REPLACE,
+        """
+        block_size=(
+            DeepseekV41IndexerBackend.get_indexer_block_size(self.compress_ratio)
+            or self.cache_config.block_size
+        ),
+        """,
+        PAGES,
+        "the indexer K cache is paged as its kernels read it",
+        anchor="block_size=self.cache_config.block_size,",
+    ),
+    Edit(
+        ATTENTION,
+        f"{INDEXER_CACHE}.__init__",
+        INSERT_AFTER,
+        """
+        DeepseekV41IndexerBackend.check_indexer_pages()
+        """,
+        PAGES,
+        "an indexer page DeepGEMM refuses fails while the model is built",
+        anchor="self.compress_ratio = compress_ratio",
     ),
     Edit(
         FLASHINFER,

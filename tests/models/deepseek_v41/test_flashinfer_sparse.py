@@ -236,9 +236,9 @@ def test_an_unset_block_size_is_not_refused(set_capability, single_gpu):
         ((12, 0), _vllm_config(heads=256), "at most 128 attention heads"),
         ((12, 0), _vllm_config(cache_dtype="bfloat16"), "--kv-cache-dtype bfloat16"),
         ((10, 0), _vllm_config(cache_dtype="fp8_ds_mla"), "fp8_ds_mla"),
-        # The indexer K caches keep --block-size and take 128-token pages.
-        ((12, 0), _vllm_config(cache_dtype="fp8", block_size=64), "--block-size 64"),
-        ((10, 0), _vllm_config(block_size=192), r"multiple of 128"),
+        # No attention kernel takes 32-token compressed pages on SM12x.
+        ((12, 0), _vllm_config(cache_dtype="fp8", block_size=32), "--block-size 32"),
+        ((10, 0), _vllm_config(block_size=192), r"Use one of \[128, 256\]"),
         ((8, 0), _vllm_config(cache_dtype="fp8"), "this GPU is SM80"),
         ((12, 0), _vllm_config(heads=0), "0 attention heads"),
     ],

@@ -29,8 +29,7 @@ from vllm.v1.attention.backends.mla.sparse_mla_page_policy import LayerGeometry
 
 logger = init_logger(__name__)
 
-# DeepSeek V4.1 layers: 0 = sliding window only, 1 and 2 = compressed KV.
-DSV41_COMPRESS_RATIOS = (1, 2)
+DSV41_COMPRESS_RATIOS = policy.DSV41_COMPRESS_RATIOS
 
 
 def current_page_plan() -> policy.PagePlan | None:
@@ -148,30 +147,68 @@ def negotiate_for_model(
         envelope=envelope,
     )
     if block_size is not None:
-        check_block_size(block_size)
+        check_block_size(block_size, geometry.plan)
     return geometry
 
 
-def check_block_size(block_size: int) -> None:
-    """Refuse a ``--block-size`` the indexer K caches cannot be paged with.
+# --block-size values a refusal checks and names as the ones that work.
+BLOCK_SIZE_CHOICES = (16, 32, 64, 128, 256)
 
-    The compressed-KV and sliding-window caches get their own pages, but the
-    indexer K caches keep ``--block-size``; its kernels take fixed pages, so
-    a size they cannot split would only fail when the worker lays out the
-    cache.
+
+def _block_size_refusal(block_size: int, plan: policy.PagePlan) -> str | None:
+    """Why ``--block-size`` cannot page this model's caches (None: it can).
+
+    The sliding-window caches and the indexer K caches have pages of their
+    own; the compressed-KV caches take ``--block-size`` unless the plan fixes
+    their pages. vLLM groups caches of one page size and gives each group one
+    kernel page that every backend in it takes, so an indexer cache whose
+    page equals ``--block-size`` shares the compressed caches' kernel page.
     """
+    from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+        DeepseekV4FlashInferMLASparseBackend as backend,
+    )
     from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
+    from vllm.v1.worker.utils import select_common_block_size
 
-    if DeepseekV41IndexerBackend.supports_block_size(block_size):
-        return
-    sizes = [
+    if block_size < 1:
+        return "it is not a positive page size"
+    if not backend.supports_block_size(block_size):
+        return f"the attention kernels take pages of {_sizes(backend)} tokens"
+    if plan.compressed_states is not None:
+        return None
+    indexer = policy.plan_indexer_pages(plan.capability)
+    joined = [r for r in DSV41_COMPRESS_RATIOS if indexer.block_size(r) == block_size]
+    group = [backend, DeepseekV41IndexerBackend] if joined else [backend]
+    try:
+        kernel_page = select_common_block_size(block_size, group)
+    except ValueError:
+        return f"no kernel page of the compressed KV caches divides {block_size}"
+    if joined and kernel_page != block_size:
+        return (
+            f"the ratio-{joined[0]} indexer K cache would get kernel pages of "
+            f"{kernel_page // joined[0]} states; {indexer.deepgemm} reads "
+            f"{indexer.states_per_page}"
+        )
+    return None
+
+
+def _sizes(backend: type) -> list[int]:
+    return [
         s.base if isinstance(s, MultipleOf) else s
-        for s in DeepseekV41IndexerBackend.get_supported_kernel_block_sizes()
+        for s in backend.get_supported_kernel_block_sizes()
     ]
+
+
+def check_block_size(block_size: int, plan: policy.PagePlan) -> None:
+    """Refuse a ``--block-size`` some kernel of the model cannot read,
+    naming the sizes that work."""
+    why = _block_size_refusal(block_size, plan)
+    if why is None:
+        return
+    working = [s for s in BLOCK_SIZE_CHOICES if _block_size_refusal(s, plan) is None]
     raise policy.UnsupportedSparseMLAConfig(
-        f"--block-size {block_size} cannot page DeepSeek V4.1's indexer K "
-        f"caches, whose kernels take pages of {sizes} tokens on this GPU. Use a "
-        f"multiple of {max(sizes)} (or leave --block-size unset)."
+        f"--block-size {block_size} cannot page DeepSeek V4.1's KV caches on "
+        f"this GPU: {why}. Use one of {working} (or leave --block-size unset)."
     )
 
 
@@ -270,12 +307,12 @@ def unsupported_reason(
     ``--block-size`` (None: it can); the checks start-up makes that need no
     model."""
     try:
-        policy.plan_pages(capability)
+        plan = policy.plan_pages(capability)
         policy.check_kv_cache_dtype(
             capability, resolve_kv_cache_dtype(capability, kv_cache_dtype)
         )
         if block_size is not None:
-            check_block_size(block_size)
+            check_block_size(block_size, plan)
     except policy.UnsupportedSparseMLAConfig as e:
         return str(e)
     return None

@@ -39,6 +39,8 @@ from vllm.platforms.interface import DeviceCapability
 SM100_KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3")
 SM120_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_ds_mla")
 BACKEND_NAME = "FLASHINFER_MLA_SPARSE_DSV41"
+# DeepSeek V4.1 layers: 0 = sliding window only, 1 and 2 = compressed KV.
+DSV41_COMPRESS_RATIOS = (1, 2)
 
 # The kernels a plan can choose.
 TRTLLM_GEN = "flashinfer-trtllm-gen"
@@ -199,6 +201,140 @@ def sm120_unavailable_reason(bytes_per_token: int = 584) -> str | None:
 
 class UnsupportedSparseMLAConfig(ValueError):
     """A DeepSeek V4.1 configuration no sparse-MLA kernel of this fork serves."""
+
+
+# The sparse indexer's paged-MQA kernels (DeepGEMM) read its K cache in pages
+# of a fixed number of compressed states, FP8 keys. Counts each release's
+# host check takes, by GPU major (read from the library; tests hold this
+# table against the shipped one). Any other release is planned at
+# INDEXER_STATES and confirmed by DeepGEMM itself at start-up.
+DEEPGEMM_INDEXER_STATES: dict[str, dict[int, frozenset[int]]] = {
+    # deepseek-ai's release, as built from its sources.
+    "2.6.1": {9: frozenset({64})},
+    "2.8.0": {
+        9: frozenset({32, 64}),
+        10: frozenset({32, 64, 128}),
+        12: frozenset({64}),
+    },
+    "2.8.1": {
+        9: frozenset({32, 64}),
+        10: frozenset({32, 64, 128}),
+        12: frozenset({32, 64}),
+    },
+}
+# Taken by every release above on every GPU it serves.
+INDEXER_STATES = 64
+# The states-per-page counts start-up asks DeepGEMM about when refusing.
+INDEXER_STATE_CANDIDATES = (32, 64, 128)
+
+
+def _installed_deepgemm() -> tuple[str, str] | None:
+    """The DeepGEMM vLLM will use (a standalone ``deep_gemm`` before the
+    vendored copy, as ``vllm.utils.import_utils.has_deep_gemm`` prefers it):
+    its version and which one it is. Read without importing it (that loads
+    its compiled part, which needs the GPU's torch)."""
+    for module, where in (
+        ("deep_gemm", "standalone"),
+        ("vllm.third_party.deep_gemm", "vendored"),
+    ):
+        try:
+            spec = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            spec = None
+        if spec is None or spec.origin is None:
+            continue
+        version = "unknown"
+        for node in ast.parse(Path(spec.origin).read_text()).body:
+            if (
+                isinstance(node, ast.Assign)
+                and getattr(node.targets[0], "id", None) == "__version__"
+                and isinstance(node.value, ast.Constant)
+            ):
+                version = str(node.value.value)
+        return version, where
+    return None
+
+
+@dataclass(frozen=True)
+class IndexerPages:
+    """The indexer K caches' pages on one GPU: ``states_per_page`` compressed
+    states, so a layer of compress ratio r gets pages of that many times r
+    tokens, like the compressed KV it indexes."""
+
+    states_per_page: int
+    # What DeepGEMM takes here (None: not known without asking it) and which
+    # DeepGEMM was trusted, in words.
+    accepted: frozenset[int] | None
+    deepgemm: str
+
+    def block_size(self, compress_ratio: int) -> int:
+        """Tokens per indexer K-cache page of a layer of ``compress_ratio``."""
+        return self.states_per_page * max(compress_ratio, 1)
+
+    def kernel_block_sizes(self, compress_ratios: Iterable[int]) -> list[int]:
+        """Token pages of the indexer kernels for these ratios, largest first."""
+        return sorted({self.block_size(r) for r in compress_ratios}, reverse=True)
+
+
+@functools.cache
+def plan_indexer_pages(capability: DeviceCapability) -> IndexerPages:
+    """The indexer K-cache pages for ``capability`` and the installed DeepGEMM."""
+    installed = _installed_deepgemm()
+    if installed is None:
+        return IndexerPages(INDEXER_STATES, None, "no DeepGEMM installed")
+    version, where = installed
+    accepted = DEEPGEMM_INDEXER_STATES.get(version, {}).get(capability.major)
+    states = INDEXER_STATES
+    if accepted is not None and INDEXER_STATES not in accepted:
+        states = max(accepted)
+    return IndexerPages(states, accepted, f"DeepGEMM {version} ({where})")
+
+
+def _deepgemm_takes(states_per_page: int) -> bool:
+    """Ask the installed DeepGEMM whether its paged-MQA planner takes pages of
+    ``states_per_page`` on this GPU (a one-request metadata call)."""
+    import torch
+
+    from vllm.utils.deep_gemm import get_paged_mqa_logits_metadata
+
+    lens = torch.ones((1, 1), dtype=torch.int32, device="cuda")
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    try:
+        get_paged_mqa_logits_metadata(lens, states_per_page, num_sms)
+    except RuntimeError:  # DeepGEMM's host assertion
+        return False
+    return True
+
+
+def current_indexer_pages() -> IndexerPages | None:
+    """The indexer K-cache pages for this process's GPU (None: no GPU)."""
+    from vllm.platforms import current_platform
+
+    capability = current_platform.get_device_capability()
+    return None if capability is None else plan_indexer_pages(capability)
+
+
+@functools.cache
+def confirm_indexer_pages(capability: DeviceCapability) -> IndexerPages:
+    """``plan_indexer_pages(capability)``, confirmed by DeepGEMM on this GPU;
+    raises naming the pages it does take. On a host without the GPU or
+    without DeepGEMM the plan is returned as it is."""
+    pages = plan_indexer_pages(capability)
+    from vllm.platforms import current_platform
+    from vllm.utils.import_utils import has_deep_gemm
+
+    if not (current_platform.is_cuda() and has_deep_gemm()):
+        return pages
+    if _deepgemm_takes(pages.states_per_page):
+        return pages
+    taken = [n for n in INDEXER_STATE_CANDIDATES if _deepgemm_takes(n)]
+    raise UnsupportedSparseMLAConfig(
+        f"{pages.deepgemm} does not take DeepSeek V4.1's indexer K-cache pages "
+        f"of {pages.states_per_page} states on this SM{capability.to_int()} GPU "
+        f"(it takes {taken or 'none of ' + str(list(INDEXER_STATE_CANDIDATES))}). "
+        "Install the DeepGEMM this vLLM ships (remove a standalone deep_gemm) "
+        "or one whose paged MQA logits take 64-state pages."
+    )
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 import vllm
 from vllm.logger import init_logger
 from vllm.platforms.interface import DeviceCapability
@@ -57,6 +59,7 @@ KERNEL_PATHS = {
     policy.TRITON: "the portable Triton kernel triton_sparse_mla_dsv41"
     " (two segments: SWA, then compressed)",
 }
+INDEXER_KERNEL = "DeepGEMM fp8_fp4_paged_mqa_logits (the sparse indexer)"
 # model_type of DeepSeek V4.1 checkpoints (vLLM's DeepseekV41Config).
 DSV41_MODEL_TYPE = "deepseek_v41"
 # The fields the report reads, and their JSON types.
@@ -66,6 +69,8 @@ REQUIRED_FIELDS = {
     "sliding_window": int,
     "compress_ratios": list,
     "kv_source_layer_ids": list,
+    "index_source_layer_ids": list,
+    "index_head_dim": int,
 }
 
 
@@ -80,6 +85,10 @@ class CachePlan:
     page_tokens: int
     states_per_page: int
     page_bytes: int
+    # Indexer K caches: the kernel that reads the page and the library whose
+    # page rule the plan trusted.
+    kernel: str | None = None
+    trusted: str | None = None
 
 
 @dataclass
@@ -113,30 +122,17 @@ def cache_specs(
     size, as vLLM picks it. Compressed caches without pages of the plan's
     own take it.
     """
-    from vllm.config.cache import CacheConfig
     from vllm.models.deepseek_v41.attention import (
         DeepseekV4Attention,
         _resolve_dsv4_kv_cache_dtype,
-    )
-    from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
-        DeepseekV4FlashInferMLASparseBackend,
-    )
-    from vllm.models.deepseek_v41.nvidia.sparse_mla_negotiation import (
-        DSV41_COMPRESS_RATIOS,
-        preferred_block_size,
     )
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
 
     cache_dtype, torch_dtype = _resolve_dsv4_kv_cache_dtype(
         uses_fp8_ds_mla_layout, kv_cache_dtype, None
     )
-    # A plan without pages of its own keeps the backend's (upstream's) pages;
-    # on a GPU-less host that is the backend's answer with no plan.
-    kernel_sizes = plan.kernel_block_sizes(DSV41_COMPRESS_RATIOS) or (
-        DeepseekV4FlashInferMLASparseBackend.get_supported_kernel_block_sizes()
-    )
     if block_size is None:
-        block_size = preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE, kernel_sizes)
+        block_size = default_block_size(plan)
     cache_config = SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size)
     vllm_config = SimpleNamespace(cache_config=cache_config)
     # SM10x stores the 528-byte MXFP8 record, others the 584-byte one.
@@ -183,6 +179,46 @@ def cache_specs(
             )
             specs[prefix] = DeepseekV4Attention.get_kv_cache_spec(source, vllm_config)
     return specs
+
+
+def indexer_cache_specs(
+    hf_config: Any, block_size: int, cache_dtype: str
+) -> dict[str, Any]:
+    """The indexer K-cache specs of the kv-source layers that own one, by
+    layer name, from upstream's ``get_kv_cache_spec`` (FP8 keys)."""
+    from vllm.models.deepseek_v41.attention import (
+        DeepseekV4IndexerCache,
+        _indexer_k_cache_head_dim,
+    )
+
+    cache_config = SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size)
+    vllm_config = SimpleNamespace(cache_config=cache_config)
+    head_dim = _indexer_k_cache_head_dim(hf_config.index_head_dim, False)
+    specs = {}
+    for layer in owning_indexer_layers(hf_config):
+        cache = SimpleNamespace(
+            cache_config=cache_config,
+            head_dim=head_dim,
+            dtype=torch.uint8,
+            compress_ratio=hf_config.compress_ratios[layer],
+            sparse_logits=False,
+            rocm_mxfp4=False,
+        )
+        name = f"model.layers.{layer}.attn.indexer.k_cache"
+        specs[name] = DeepseekV4IndexerCache.get_kv_cache_spec(cache, vllm_config)
+    return specs
+
+
+def owning_indexer_layers(hf_config: Any) -> list[int]:
+    """Backbone layers that own an indexer K cache: compressed kv sources
+    that are index sources too (the other index sources read theirs)."""
+    backbone = getattr(hf_config, "num_hidden_layers", len(hf_config.compress_ratios))
+    return sorted(
+        layer
+        for layer in set(hf_config.kv_source_layer_ids)
+        & set(hf_config.index_source_layer_ids)
+        if layer < backbone and hf_config.compress_ratios[layer] > 0
+    )
 
 
 def _as_the_reported_gpu(make: Callable[..., Plan]) -> Callable[..., Plan]:
@@ -291,7 +327,43 @@ def make_plan(
                 spec.page_size_bytes,
             )
         )
+    indexer = policy.plan_indexer_pages(capability)
+    indexer_specs = indexer_cache_specs(
+        hf_config, block_size or default_block_size(plan), geometry.kv_cache_dtype
+    )
+    for ratio in sorted({s.tokens_per_state for s in indexer_specs.values()}):
+        named = {n: s for n, s in indexer_specs.items() if s.tokens_per_state == ratio}
+        spec = next(iter(named.values()))
+        report.caches.append(
+            CachePlan(
+                f"indexer r={ratio}",
+                [int(n.split(".")[2]) for n in named],
+                spec.block_size,
+                spec.block_size // ratio,
+                spec.page_size_bytes,
+                kernel=INDEXER_KERNEL,
+                trusted=indexer.deepgemm,
+            )
+        )
     return report
+
+
+def default_block_size(plan: policy.PagePlan) -> int:
+    """The --block-size vLLM picks when the user sets none: the backend's
+    preferred size for the plan's kernel pages (upstream's without a plan of
+    its own, as on a GPU-less host)."""
+    from vllm.config.cache import CacheConfig
+    from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+        DeepseekV4FlashInferMLASparseBackend,
+    )
+    from vllm.models.deepseek_v41.nvidia.sparse_mla_negotiation import (
+        preferred_block_size,
+    )
+
+    kernel_sizes = plan.kernel_block_sizes(policy.DSV41_COMPRESS_RATIOS) or (
+        DeepseekV4FlashInferMLASparseBackend.get_supported_kernel_block_sizes()
+    )
+    return preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE, kernel_sizes)
 
 
 def render(report: Plan) -> str:
@@ -309,20 +381,35 @@ def render(report: Plan) -> str:
         f"kv-cache dtype:  {report.kv_cache_dtype}",
         f"SWA top-k:       {', '.join(map(str, report.swa_topks))}",
         (
-            f"{'cache':<16}{'layers':<14}{'page tokens':>12}{'states/page':>13}"
+            f"{'cache':<16}{'layers':<18}{'page tokens':>12}{'states/page':>13}"
             f"{'page bytes':>12}"
         ),
     ]
     for c in report.caches:
-        layers = ",".join(map(str, c.layers))
         lines.append(
-            f"{c.cache:<16}{layers:<14}{c.page_tokens:>12}{c.states_per_page:>13}"
-            f"{c.page_bytes:>12}"
+            f"{c.cache:<16}{layer_ranges(c.layers):<18}{c.page_tokens:>12}"
+            f"{c.states_per_page:>13}{c.page_bytes:>12}"
         )
+    readers = {(c.kernel, c.trusted) for c in report.caches if c.kernel}
+    for kernel, trusted in sorted(readers, key=str):
+        lines.append(f"indexer kernel:  {kernel}, pages as {trusted} reads them")
     if report.note:
         lines.append(f"note: {report.note}")
     lines.append("status: served")
     return "\n".join(lines)
+
+
+def layer_ranges(layers: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``0-2,5,7-8``."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ",".join(
+        str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs
+    )
 
 
 def parse_capability(text: str) -> DeviceCapability:
@@ -392,7 +479,41 @@ def load_config(path: Path) -> Any:
             isinstance(v, int) and not isinstance(v, bool) for v in value
         ):
             raise UsageError(f"--config {path}: {name} must list integers")
+    _check_layers(path, fields)
     return SimpleNamespace(**fields)
+
+
+def _check_layers(path: Path, fields: dict[str, Any]) -> None:
+    """Refuse layer lists no DeepSeek V4.1 model can be built from."""
+    ratios = fields["compress_ratios"]
+    if not ratios:
+        raise UsageError(f"--config {path}: compress_ratios is empty")
+    # compress_ratios covers the MTP layers too; they come after the backbone.
+    backbone = fields.get("num_hidden_layers", len(ratios))
+    mtp = fields.get("num_nextn_predict_layers", 0)
+    if not isinstance(backbone, int) or not isinstance(mtp, int) or mtp < 0:
+        raise UsageError(f"--config {path}: layer counts must be integers")
+    if not 0 < backbone <= len(ratios):
+        raise UsageError(
+            f"--config {path}: num_hidden_layers is {backbone} but "
+            f"compress_ratios has {len(ratios)} entries"
+        )
+    for name in ("kv_source_layer_ids", "index_source_layer_ids"):
+        layers = fields.get(name, [])
+        if not isinstance(layers, list) or not all(
+            isinstance(v, int) and 0 <= v < backbone for v in layers
+        ):
+            raise UsageError(
+                f"--config {path}: {name} must list backbone layers "
+                f"(0 to {backbone - 1})"
+            )
+        first = min(layers, default=backbone)
+        compressed = [i for i in range(backbone) if ratios[i] > 0]
+        if compressed and compressed[0] < first:
+            raise UsageError(
+                f"--config {path}: compressed layer {compressed[0]} has no "
+                f"source layer at or below it in {name}"
+            )
 
 
 def _int_at_least(minimum: int):
