@@ -7,8 +7,9 @@ when a parameter is left unloaded or a tensor has no parameter.
     python tests/benchmarks/load_engine_checkpoint.py DIR [DIR ...]
 
 Prints one JSON line per folder: the engine config's view of the model, the
-number of parameters loaded and the spread of the output head's logits on
-unit-size hidden states, or the error the build or the load raised. The
+number of parameters loaded, the spread of the output head's logits on
+unit-size hidden states and each attention layer's sources as the built
+model resolved them, or the error the build or the load raised. The
 host's GPU is stood in for at the platform boundary (an SM90 CUDA platform;
 the compiled op libraries, the flash-attention extension and DeepGEMM are
 absent on a CPU, and building the model calls none of them).
@@ -76,6 +77,31 @@ def _stand_in_for_an_h200() -> None:
         setattr(torch.ops, namespace, _Ops())
 
 
+def _topology(model: torch.nn.Module) -> list[dict]:
+    """Each attention layer's sources, in layer order, as the model built
+    them: its compressed-KV and index sources, whether it has a compressor,
+    and whose K cache its indexer (if any) scores."""
+    layers = []
+    for _, attn in model.named_modules():
+        if not hasattr(attn, "kv_source_layer_id") or not hasattr(attn, "layer_id"):
+            continue
+        indexer = attn.indexer
+        layers.append(
+            {
+                "layer": attn.layer_id,
+                "ratio": attn.compress_ratio,
+                "kv_source": attn.kv_source_layer_id,
+                "index_source": attn.index_source_layer_id,
+                "compressor": attn.compressor is not None,
+                "indexer": None
+                if indexer is None
+                else ("owns keys" if indexer.owns_k else "reads keys"),
+                "index_k_cache": None if indexer is None else indexer.k_cache.prefix,
+            }
+        )
+    return sorted(layers, key=lambda layer: layer["layer"])
+
+
 def _load(path: str) -> dict:
     """Build the model of the checkpoint at ``path`` and load its weights."""
     from vllm.config import set_current_vllm_config
@@ -119,6 +145,7 @@ def _load(path: str) -> dict:
         if name.endswith("e_score_correction_bias")
     ]
     return {
+        "layers": _topology(model),
         "architecture": model_cls.__name__,
         "tokenizer_mode": config.model_config.tokenizer_mode,
         "quantization": config.model_config.quantization,

@@ -86,12 +86,10 @@ def test_sm12x_plan_is_accepted_by_vllm(set_capability, minor):
 
 
 def test_forced_sm12x_pages_on_sm90_are_accepted_by_vllm(set_capability, monkeypatch):
-    """The test-only setting the engine comparison on an H200 uses. The
-    cache pages are SM12x's; the ratio-2 group's kernel page holds 32 states
-    there, because it shares its group with the indexer K cache, whose SM90
-    kernels take 64-token pages only (128 on other GPUs)."""
+    """The test-only setting the engine comparison on an H200 uses: the
+    SM12x pages, 64 states per kernel page for every ratio, as on SM12x."""
     monkeypatch.setenv(policy.FORCE_SM12X_PAGES_ENV, "1")
-    _check_sm12x_pages_in_vllms_planner(set_capability(9, 0), {1: 64, 2: 32})
+    _check_sm12x_pages_in_vllms_planner(set_capability(9, 0), {1: 64, 2: 64})
 
 
 def _check_sm12x_pages_in_vllms_planner(capability, kernel_states) -> None:

@@ -32,6 +32,8 @@ DSV41 = {
     "sliding_window": 128,
     "compress_ratios": [0, 1, 2, 0],
     "kv_source_layer_ids": [1, 2],
+    "index_source_layer_ids": [1, 2],
+    "index_head_dim": 128,
 }
 
 
@@ -82,8 +84,8 @@ CASES = {
         1,
         "128 attention heads cannot be split evenly over --tensor-parallel-size 3",
     ),
-    "indexer-block-64": Case(
-        ["--capability", "12.0", "--block-size", "64"], 1, "--block-size 64"
+    "block-32": Case(
+        ["--capability", "12.0", "--block-size", "32"], 1, "--block-size 32"
     ),
     # served: exit 0
     "sm_120": Case(["--capability", "sm_120"], 0, "plan for SM120"),
@@ -124,7 +126,7 @@ FEW = ("tp-3-of-128", "nested-text-config")
 JSON_CASES = (
     "sm80",
     "tp-3-of-128",
-    "indexer-block-64",
+    "block-32",
     "sm_120",
     "sm90",
     "nested-text-config",
@@ -194,6 +196,8 @@ def test_nested_config_reads_the_text_model(results):
         "swa",
         "compressed r=1",
         "compressed r=2",
+        "indexer r=1",
+        "indexer r=2",
     }
 
 
@@ -224,6 +228,16 @@ MORE_USAGE_ERRORS = {
         ["--capability", "12.0"],
         "text_config is not an object",
         {**NESTED, "text_config": [1]},
+    ),
+    "compress-ratios-empty": (
+        ["--capability", "12.0"],
+        "compress_ratios is empty",
+        _with(compress_ratios=[], kv_source_layer_ids=[]),
+    ),
+    "no-index-source": (
+        ["--capability", "12.0"],
+        "compressed layer 1 has no source layer at or below it",
+        _with(index_source_layer_ids=[]),
     ),
 }
 

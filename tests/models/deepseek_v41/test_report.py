@@ -25,7 +25,13 @@ def test_sm12x_plan(capsys, capability):
     assert "SM120" in plan["kernel_path"]
     assert plan["kv_cache_dtype"] == "fp8_ds_mla"
     caches = {c["cache"]: c for c in plan["caches"]}
-    assert set(caches) == {"swa", "compressed r=1", "compressed r=2"}
+    assert set(caches) == {
+        "swa",
+        "compressed r=1",
+        "compressed r=2",
+        "indexer r=1",
+        "indexer r=2",
+    }
     if FIXED_SM120_PAGE is None:
         # FlashInfer takes any page: upstream's 32-token SWA page and
         # 128-token (--block-size) compressed pages stay.
@@ -100,13 +106,12 @@ def test_text_output_names_the_caches(capsys):
 
 @pytest.mark.parametrize(
     "block_size, compressed_tokens",
-    [(None, 64), ("64", 64), ("256", 256)],
+    [(None, 128), ("64", 64), ("256", 256)],
 )
 def test_sm90_pages_are_the_h200s_on_any_host(capsys, block_size, compressed_tokens):
-    """On SM90 the indexer K caches' kernels take 64-token pages (128 on
-    other GPUs), so an H100/H200 starts with 64-token pages and takes
-    --block-size 64, whatever GPU, or none, the report runs on. The
-    compressed caches keep --block-size there (upstream's pages)."""
+    """On SM90 the compressed caches keep --block-size (upstream's pages,
+    128 unset) and the indexer K caches have 64-state pages of their own,
+    whatever GPU, or none, the report runs on."""
     args = ["--capability", "9.0"]
     if block_size is not None:
         args += ["--block-size", block_size]
@@ -118,12 +123,14 @@ def test_sm90_pages_are_the_h200s_on_any_host(capsys, block_size, compressed_tok
         cache = caches[f"compressed r={ratio}"]
         assert cache["page_tokens"] == compressed_tokens
         assert cache["states_per_page"] == compressed_tokens // ratio
+        indexer = caches[f"indexer r={ratio}"]
+        assert (indexer["page_tokens"], indexer["states_per_page"]) == (64 * ratio, 64)
 
 
 def test_sm90_refuses_pages_its_indexer_cannot_split(capsys):
     code, plan = _plan(capsys, "--capability", "9.0", "--block-size", "32")
     assert code == 1
-    assert "multiple of 64" in plan["error"]
+    assert "Use one of [64, 128, 256]" in plan["error"]
 
 
 def test_the_report_leaves_the_hosts_gpu_as_it_was(capsys):
