@@ -3,12 +3,18 @@
 """Write a small DeepSeek V4.1-shaped checkpoint (about 50 MB) that vLLM's
 engine loads like the real one, for engine runs on one GPU.
 
-    python benchmarks/dsv41_engine_checkpoint.py --out DIR [--seed 0]
+    python benchmarks/dsv41_engine_checkpoint.py --out DIR [--seed 0] \
+        [--layout small|published]
 
-Layer kinds as in the model: compress ratios 0/1/1/2/2/0, compressed-KV and
-indexer source layers 1 and 3, attention sinks, every layer a mixture of
-experts (8 routed, 2 per token, one shared), mHC hyper-connections; 8 heads
-of 512 (one GPU's share of a 64-head model on 8 GPUs). Weights are BF16
+Layer kinds as in the model: with the default ``--layout small``, 6 layers of
+compress ratios 0/1/1/2/2/0, compressed-KV and indexer source layers 1 and 3,
+attention sinks, every layer a mixture of experts (8 routed, 2 per token, one
+shared), mHC hyper-connections; 8 heads of 512 (one GPU's share of a 64-head
+model on 8 GPUs). ``--layout published`` follows the published DeepSeek V4.1
+Flash pattern in 10 layers (``PUBLISHED_LAYOUT``): sliding-window layers at
+both ends, ratio-2 layers, then ratio-1 layers, each run with its own
+compressed-KV sources and indexers that read a source's index keys without
+owning them (60 MB: 4 routed experts of half the width). Weights are BF16
 (no quantization config), random with fan-in scaling; the output head is
 scaled so logits spread by about 3 after the final norm (not flat, so greedy
 decoding has clear winners at most steps). Each layer's expert choice is
@@ -77,12 +83,76 @@ TEXT_CONFIG = {
     "bos_token_id": 0,
     "eos_token_id": 1,
 }
+# The published DeepSeek V4.1 Flash pattern, 10 layers long. A layer of
+# ratio r > 0 reads the compressed KV of the last kv source at or below it and
+# the top-k of the last index source at or below it (vLLM 0.30.0's
+# DeepseekV4Attention); an index source that is no kv source owns no index
+# keys (no wk, k_norm) and scores the K cache of that same kv source
+# (DeepseekV4Indexer, owns_k). vLLM checks none of the ratios, so
+# ``topology_errors`` does: every compressed layer's kv source and index
+# source have its ratio, and its index source scores its own kv source's keys.
+#   layer:        0  1   2  3   4  5   6  7   8  9
+#   ratio:        0  2   2  2   2  1   1  1   1  0
+#   kv source:    -  1*  1  3*  3  5*  5  5   5  -   (* owns a compressor)
+#   index source: -  1*  2  3*  3  5*  5  7   7  -   (* owns its index keys)
+# So each ratio has owning indexers, a non-owning reader (2; 7) and a layer
+# that reuses another's top-k (4; 6 and 8, 8 behind a non-owning reader). No
+# two-level candidate filtering (candidate_source_layer_id stays unset).
+PUBLISHED_LAYOUT = {
+    "num_hidden_layers": 10,
+    "compress_ratios": [0, 2, 2, 2, 2, 1, 1, 1, 1, 0],
+    "kv_source_layer_ids": [1, 3, 5],
+    "index_source_layer_ids": [1, 2, 3, 5, 7],
+    # Half the experts, half as wide: 10 layers in 60 MB, not 86.
+    "n_routed_experts": 4,
+    "moe_intermediate_size": 64,
+}
+# --layout: changes to TEXT_CONFIG.
+LAYOUTS = {"small": {}, "published": PUBLISHED_LAYOUT}
 SPECIAL_TOKENS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>")
 # Spread of the logits after the final RMS norm (unit-size hidden states).
 LOGIT_SPREAD = 3.0
 # Added to the chosen experts' selection scores: sqrt(softplus(logit)) of a
 # unit-variance router logit stays far below it, so the choice never flips.
 SELECTION_BIAS = 10.0
+
+
+def topology_errors(t: dict) -> list[str]:
+    """What vLLM would build wrongly or not at all from ``t``'s layers, one
+    line per problem (empty: every layer has sources it can read)."""
+    ratios, layers = t["compress_ratios"], t["num_hidden_layers"]
+    kv, index = t["kv_source_layer_ids"], t["index_source_layer_ids"]
+    if len(ratios) != layers or not set(ratios) <= {0, 1, 2}:
+        return [f"compress_ratios: {layers} of 0, 1 or 2, not {ratios}"]
+    errors = [
+        f"source layer {i} has ratio 0"
+        for i in sorted({*kv, *index})
+        if not 0 <= i < layers or ratios[i] == 0
+    ]
+    if errors:
+        return errors
+
+    def last(sources: list[int], i: int) -> int | None:
+        return max((s for s in sources if s <= i), default=None)
+
+    for i, ratio in enumerate(ratios):
+        if ratio == 0:
+            continue
+        kv_i, index_i = last(kv, i), last(index, i)
+        if kv_i is None or index_i is None:
+            errors.append(f"layer {i} has no kv or index source at or below it")
+        elif ratios[kv_i] != ratio or ratios[index_i] != ratio:
+            errors.append(
+                f"layer {i} (ratio {ratio}) reads kv source {kv_i} (ratio "
+                f"{ratios[kv_i]}) and index source {index_i} (ratio "
+                f"{ratios[index_i]})"
+            )
+        elif last(kv, index_i) != kv_i:
+            errors.append(
+                f"layer {i}'s index source {index_i} scores kv source "
+                f"{last(kv, index_i)}'s keys, not {kv_i}'s"
+            )
+    return errors
 
 
 def tensor_shapes(t: dict) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -201,12 +271,17 @@ def write_checkpoint(
     seed: int = 0,
     compress_ratios: list[int] | None = None,
     free_routing: bool = False,
+    layout: str = "small",
 ) -> int:
-    """Write the checkpoint into ``out`` (``compress_ratios``: one per layer,
-    default ``TEXT_CONFIG``'s); returns the weights' bytes."""
+    """Write the checkpoint into ``out`` (``layout``: a ``LAYOUTS`` key;
+    ``compress_ratios``: one per layer, default the layout's); returns the
+    weights' bytes. Raises ValueError for layers vLLM cannot serve."""
     text = dict(TEXT_CONFIG)
+    text.update(LAYOUTS[layout])
     if compress_ratios is not None:
         text["compress_ratios"] = compress_ratios
+    if errors := topology_errors(text):
+        raise ValueError("; ".join(errors))
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -241,10 +316,24 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--layout",
+        choices=sorted(LAYOUTS),
+        default="small",
+        help="small (default): 6 layers, ratios "
+        f"{','.join(map(str, TEXT_CONFIG['compress_ratios']))}, sources 1 and "
+        "3; published: the published DeepSeek V4.1 Flash pattern in 10 "
+        "layers, ratios "
+        f"{','.join(map(str, PUBLISHED_LAYOUT['compress_ratios']))}, kv "
+        f"sources {','.join(map(str, PUBLISHED_LAYOUT['kv_source_layer_ids']))}"
+        ", index sources "
+        f"{','.join(map(str, PUBLISHED_LAYOUT['index_source_layer_ids']))} "
+        "(non-owning readers 2 and 7)",
+    )
+    parser.add_argument(
         "--compress-ratios",
-        help="comma-separated ratio per layer (default "
-        f"{','.join(map(str, TEXT_CONFIG['compress_ratios']))}); the source "
-        "layers stay 1 and 3, so each needs a ratio of 1 or 2",
+        help="comma-separated ratio per layer (default: the layout's); the "
+        "layout's source layers stay, and each compressed layer's sources "
+        "need its ratio",
     )
     parser.add_argument(
         "--free-routing",
@@ -255,11 +344,12 @@ def main() -> None:
     ratios = None
     if args.compress_ratios:
         ratios = [int(r) for r in args.compress_ratios.split(",")]
-        if len(ratios) != TEXT_CONFIG["num_hidden_layers"] or not all(
-            ratios[i] in (1, 2) for i in TEXT_CONFIG["kv_source_layer_ids"]
-        ):
-            parser.error(f"--compress-ratios {args.compress_ratios}: see --help")
-    size = write_checkpoint(args.out, args.seed, ratios, args.free_routing)
+    try:
+        size = write_checkpoint(
+            args.out, args.seed, ratios, args.free_routing, args.layout
+        )
+    except ValueError as e:
+        parser.error(f"--layout {args.layout}: {e}")
     print(f"wrote {args.out} ({size / 2**20:.1f} MiB of weights)")
 
 
