@@ -11,12 +11,11 @@ strings and evaluated here, not the page policy's table.
 import json
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 import vllm
-from vllm.config import DeviceConfig, VllmConfig
+from tests.models.deepseek_v41.test_kv_cache_planning import _engine_config
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation as negotiation
 from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
@@ -121,22 +120,9 @@ def test_the_policy_knows_the_shipped_deepgemm(major):
 def test_published_layout_plan_gives_pages_deepgemm_reads(
     capsys, published, family, tp
 ):
-    capability = f"{family[0]}.{family[1]}"
-    assert (
-        report.main(
-            [
-                "plan",
-                "--capability",
-                capability,
-                "--config",
-                str(published),
-                "--tp",
-                str(tp),
-                "--json",
-            ]
-        )
-        == 0
-    )
+    args = ["plan", "--capability", f"{family[0]}.{family[1]}"]
+    args += ["--config", str(published), "--tp", str(tp)]
+    assert report.main([*args, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["local_heads"] == 64 // tp
     indexers = {c["cache"]: c for c in plan["caches"] if c["kernel"]}
@@ -148,37 +134,10 @@ def test_published_layout_plan_gives_pages_deepgemm_reads(
         assert deepgemm_takes(family[0], cache["states_per_page"])
         assert "DeepGEMM" in cache["trusted"]
     # The text names the same caches, layers as ranges.
-    assert (
-        report.main(
-            [
-                "plan",
-                "--capability",
-                capability,
-                "--config",
-                str(published),
-                "--tp",
-                str(tp),
-            ]
-        )
-        == 0
-    )
+    assert report.main(args) == 0
     text = capsys.readouterr().out
     assert re.search(r"^indexer r=2\s+2,8,14\s", text, re.M)
     assert re.search(r"^swa\s+0-42\s", text, re.M)
-
-
-def _engine_config(block_size: int) -> VllmConfig:
-    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
-    config.scheduler_config.disable_hybrid_kv_cache_manager = False
-    config.cache_config.block_size = block_size
-    config.cache_config.cache_dtype = "fp8_ds_mla"
-    config.cache_config.kv_cache_layout = "BLNHC"
-    object.__setattr__(
-        config,
-        "model_config",
-        SimpleNamespace(original_max_model_len=8192, max_model_len=8192),
-    )
-    return config
 
 
 def _kernel_states(capability, hf, block_size) -> dict[str, int]:

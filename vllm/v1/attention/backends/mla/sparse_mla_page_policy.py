@@ -18,7 +18,7 @@ What FlashInfer serves is read from FlashInfer itself:
   describes each kernel family, page sizes chosen at run time included.
 
 Where FlashInfer has no kernel (SM90, an SM12x FlashInfer without SM120
-kernels, or a shape its SM120 tables lack) the fork's Triton kernel, which has
+kernels, or a shape its SM120 tables lack) the portable Triton kernel, which has
 the same two-segment contract and takes any page size, runs instead.
 """
 
@@ -200,7 +200,7 @@ def sm120_unavailable_reason(bytes_per_token: int = 584) -> str | None:
 
 
 class UnsupportedSparseMLAConfig(ValueError):
-    """A DeepSeek V4.1 configuration no sparse-MLA kernel of this fork serves."""
+    """A DeepSeek V4.1 configuration no sparse-MLA kernel here serves."""
 
 
 # The sparse indexer's paged-MQA kernels (DeepGEMM) read its K cache in pages
@@ -427,7 +427,7 @@ def plan_pages(
     raise UnsupportedSparseMLAConfig(
         f"{BACKEND_NAME} runs on SM10x (B200, GB200) and SM12x (RTX 50xx, RTX "
         "PRO 6000, GB10) through FlashInfer, and on other GPUs from SM89 on "
-        "(L40S, H100, H200) through the fork's Triton kernel; this GPU is "
+        "(L40S, H100, H200) through the portable Triton kernel; this GPU is "
         f"SM{capability.to_int()}. Choose "
         "another --attention-backend (FLASHMLA_SPARSE_DSV41 where FlashMLA runs)."
     )
