@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -59,7 +60,8 @@ def main() -> None:
     parser.add_argument(
         "--force-sm12x-pages",
         action="store_true",
-        help="the page policy's test-only SM12x pages on the Triton path",
+        help="SM12x's fixed pages on the Triton path, planned in this process "
+        "(tests/v1/attention/dsv41/sm12x_pages.py)",
     )
     parser.add_argument(
         "--solo",
@@ -80,15 +82,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
-    from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
-
+    # The engine core in this process: one traceback if it fails, and the
+    # SM12x pages below reach the model it builds.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if args.force_sm12x_pages:
-        os.environ[policy.FORCE_SM12X_PAGES_ENV] = "1"
-    else:
-        os.environ.pop(policy.FORCE_SM12X_PAGES_ENV, None)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.v1.attention.dsv41.sm12x_pages import force_sm12x_pages
 
-    # The engine core in this process: one traceback if it fails.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        force_sm12x_pages(setattr)
     # PyTorch's sampler in every run: the comparison is of attention
     # backends, and FlashInfer's sampling kernels compile at first use from
     # FlashInfer's CUDA sources, which an offline host may not carry.

@@ -260,7 +260,11 @@ def _glob_matches(pattern: str, path: str) -> bool:
     "path, queues",
     [
         (
-            "vllm/v1/attention/backends/mla/sparse_mla_page_policy.py",
+            "vllm/models/deepseek_v41/nvidia/sparse_mla_pages.py",
+            {"gpu-h100", "gpu-b200", "gpu-rtx-pro-6000", "gpu-dgx-spark"},
+        ),
+        (
+            "vllm/v1/attention/backends/mla/indexer_pages.py",
             {"gpu-h100", "gpu-b200", "gpu-rtx-pro-6000", "gpu-dgx-spark"},
         ),
         (

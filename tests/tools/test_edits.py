@@ -4,6 +4,7 @@
 at run time."""
 
 import ast
+import fnmatch
 import tomllib
 import zipfile
 
@@ -12,7 +13,7 @@ import pytest
 from tools.fork.common import REPO, load_pin, new_module_files
 from tools.fork.edit_engine import EditError, apply_edit, apply_edits
 from tools.fork.edits import CONCERNS, EDITS
-from tools.fork.patch_series import series_files
+from tools.fork.patch_series import FORK_ONLY, series_files
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +57,12 @@ def test_every_edit_and_new_file_belongs_to_one_patch():
     in_series = {p for files in series_files().values() for p in files}
     for path in new_module_files():
         name = str(path)
-        if name.startswith("vllm/models/deepseek_v4_1/") or name.endswith(
-            "__init__.py"
-        ):
-            continue  # the pre-0.30.0 import path is the fork's alone
+        if any(fnmatch.fnmatch(name, pattern) for pattern in FORK_ONLY):
+            continue  # the old import path and the plan report are the fork's
         assert name in in_series, f"{name} is in no patch of the series"
+    # The fork's own files stay out of every patch.
+    for path in in_series:
+        assert not any(fnmatch.fnmatch(path, p) for p in FORK_ONLY), path
 
 
 def _fork_python_files():

@@ -20,9 +20,49 @@ from tools.fork.patch_series import FORK_ONLY, extract_pristine, generate
 pytestmark = pytest.mark.slow
 
 
+AUTHOR = ("Ada Reviewer", "ada@example.org")
+
+
 @pytest.fixture(scope="module")
 def series(tmp_path_factory):
-    return generate(tmp_path_factory.mktemp("series"))
+    return generate(tmp_path_factory.mktemp("series"), f"{AUTHOR[0]} <{AUTHOR[1]}>")
+
+
+def test_every_patch_is_authored_and_signed_off_by_its_generator(series):
+    """vLLM's DCO check: a Signed-off-by trailer naming the patch's author."""
+    for patch in series:
+        text = patch.read_text()
+        author = re.search(r"^From: (.+) <(.+)>$", text, re.M)
+        assert author is not None and (author[1], author[2]) == AUTHOR
+        message = text.split("\n---\n", 1)[0]
+        trailers = re.findall(r"^Signed-off-by: (.+) <(.+)>$", message, re.M)
+        assert trailers == [AUTHOR], patch.name
+
+
+def test_without_an_identity_the_series_is_unsigned(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("tools.fork.patch_series.signer", lambda author=None: None)
+    patches = generate(tmp_path)
+    assert "the series is unsigned" in capsys.readouterr().err
+    for patch in patches:
+        assert "Signed-off-by:" not in patch.read_text()
+
+
+def test_the_first_patch_counts_its_non_test_lines(series):
+    """Its message states the count its own diff has outside tests/ and
+    benchmarks/ (counted here from the diff text, not from git's numstat)."""
+    text = series[0].read_text()
+    stated = int(re.search(r"Non-test lines changed: (\d+)\.", text)[1])
+    counted, path = 0, ""
+    for line in text.split("\n---\n", 1)[1].splitlines():
+        if line.startswith("diff --git a/"):
+            path = line.split(" b/", 1)[1]
+        elif line.startswith(("+++", "---")):
+            continue
+        elif line.startswith(("+", "-")) and not path.startswith(
+            ("tests/", "benchmarks/")
+        ):
+            counted += 1
+    assert stated == counted
 
 
 def _git(tree, *args):

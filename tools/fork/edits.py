@@ -5,14 +5,14 @@
 One declarative list. Each edit names the upstream file and the class or
 function it changes, finds its target by the smallest anchor unique there,
 and carries only the fork's own lines, which call into the fork's new modules
-(the page policy, the layers' negotiation, the kernel launcher). The build
+(the page policy, the kernel launcher). The build
 reads the pristine files from the pinned wheel and applies these
 (tools/fork/edit_engine.py); nothing upstream is stored here.
 
 ``concern`` puts each edit into one patch of the upstream series
 (tools/fork/patch_series.py): ``pages`` (the page policy, the backend answers
-and the caches that use them), ``validation`` (start-up negotiation and the
-plan report), ``triton`` (the portable kernel and its routing).
+and the caches that use them), ``validation`` (start-up negotiation),
+``triton`` (the portable kernel and its routing).
 """
 
 from tools.fork.edit_engine import (
@@ -33,7 +33,6 @@ ATTENTION = "vllm/models/deepseek_v41/attention.py"
 FLASHINFER = "vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py"
 MODEL = "vllm/models/deepseek_v41/nvidia/model.py"
 INDEXER = "vllm/v1/attention/backends/mla/indexer.py"
-ENVS = "vllm/envs.py"
 
 FI_BACKEND = "DeepseekV4FlashInferMLASparseBackend"
 SM120_LAYER = "DeepseekV4FlashInferSM120Attention"
@@ -118,10 +117,10 @@ EDITS: tuple[Edit, ...] = (
         "",
         INSERT_AFTER,
         """
-        from vllm.v1.attention.backends.mla import sparse_mla_page_policy
+        from vllm.v1.attention.backends.mla import indexer_pages
         """,
         PAGES,
-        "the indexer backend answers from the page policy",
+        "the indexer backend answers from DeepGEMM's page rule",
         anchor="from vllm.v1.attention.backend import",
     ),
     Edit(
@@ -131,10 +130,8 @@ EDITS: tuple[Edit, ...] = (
         """
         # DeepGEMM's paged MQA logits read pages of a fixed number of
         # compressed states: one kernel page per compress ratio.
-        if pages := sparse_mla_page_policy.current_indexer_pages():
-            return list(
-                pages.kernel_block_sizes(sparse_mla_page_policy.DSV41_COMPRESS_RATIOS)
-            )
+        if pages := indexer_pages.current_indexer_pages():
+            return list(pages.kernel_block_sizes())
         """,
         PAGES,
         "the indexer's kernel pages hold the states DeepGEMM reads, per ratio",
@@ -149,7 +146,7 @@ EDITS: tuple[Edit, ...] = (
         def get_indexer_block_size(cls, compress_ratio: int) -> int | None:
             """Tokens per K-cache page of an indexer over states of
             ``compress_ratio`` tokens each; None pages it with ``--block-size``."""
-            pages = sparse_mla_page_policy.current_indexer_pages()
+            pages = indexer_pages.current_indexer_pages()
             return pages.block_size(compress_ratio) if pages else None
 
         @classmethod
@@ -158,7 +155,7 @@ EDITS: tuple[Edit, ...] = (
             pages on this GPU, rather than at the first decode."""
             capability = current_platform.get_device_capability()
             if capability is not None:
-                sparse_mla_page_policy.confirm_indexer_pages(capability)
+                indexer_pages.confirm_indexer_pages(capability)
         ''',
         PAGES,
         "the indexer backend pages its K caches and confirms them with DeepGEMM",
@@ -193,10 +190,10 @@ EDITS: tuple[Edit, ...] = (
         "",
         INSERT_AFTER,
         """
-        from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
+        from vllm.models.deepseek_v41.nvidia import sparse_mla_pages
         """,
         PAGES,
-        "the backends answer from the layers' negotiation module",
+        "the backends answer from the page policy",
         anchor="from vllm.models.deepseek_v41.common.ops import",
     ),
     Edit(
@@ -206,7 +203,8 @@ EDITS: tuple[Edit, ...] = (
         """
         # Kernels built for fixed pages (FlashInfer's SM120 ones before 0.7)
         # take the policy's compressed-KV pages, not only upstream's.
-        if sizes := sparse_mla_negotiation.compressed_kernel_block_sizes():
+        plan = sparse_mla_pages.current_plan()
+        if plan is not None and (sizes := plan.kernel_block_sizes()):
             return sizes
         """,
         PAGES,
@@ -220,13 +218,14 @@ EDITS: tuple[Edit, ...] = (
         """
         @classmethod
         def get_preferred_block_size(cls, default_block_size: int) -> int:
-            return sparse_mla_negotiation.preferred_block_size(
+            return sparse_mla_pages.preferred_block_size(
                 default_block_size, cls.get_supported_kernel_block_sizes()
             )
 
         @classmethod
         def get_compressed_block_size(cls, compress_ratio: int) -> int | None:
-            return sparse_mla_negotiation.compressed_block_size(compress_ratio)
+            plan = sparse_mla_pages.current_plan()
+            return plan.compressed_block_size(compress_ratio) if plan else None
         """,
         PAGES,
         "preferred --block-size and compressed-KV pages from the policy",
@@ -240,26 +239,28 @@ EDITS: tuple[Edit, ...] = (
             """Sliding-window cache of the two-segment layer, paged as the page
             policy says (64 tokens for FlashInfer's fixed-page SM120 kernels)."""
 
+            @staticmethod
+            def _fixed_page() -> int | None:
+                plan = sparse_mla_pages.current_plan()
+                return plan.fixed_page if plan else None
+
             @classmethod
             def get_swa_block_size(cls) -> int:
-                if size := sparse_mla_negotiation.swa_block_size():
-                    return size
-                return super().get_swa_block_size()
+                return cls._fixed_page() or super().get_swa_block_size()
 
             @staticmethod
             def get_supported_kernel_block_sizes(
                 kv_cache_spec=None,
             ) -> list[int | MultipleOf]:
-                # kv_cache_spec: passed from vLLM 0.33 on; the page is the
-                # policy's either way.
-                if size := sparse_mla_negotiation.swa_block_size():
-                    return [size]
+                # Newer vLLM passes kv_cache_spec; the page does not depend on it.
+                if page := DeepseekSparseSWAFlashInferSM120Backend._fixed_page():
+                    return [page]
                 return DeepseekSparseSWAFlashInferBackend.get_supported_kernel_block_sizes()
 
             @classmethod
             def get_preferred_block_size(cls, default_block_size: int) -> int:
-                if size := sparse_mla_negotiation.swa_block_size():
-                    return size
+                if page := cls._fixed_page():
+                    return page
                 return super().get_preferred_block_size(default_block_size)
         ''',
         PAGES,
@@ -275,34 +276,40 @@ EDITS: tuple[Edit, ...] = (
         "the two-segment layer pages its SWA cache as the policy says",
         anchor="swa_backend_cls = DeepseekSparseSWAFlashInferBackend",
     ),
-    Edit(
-        ENVS,
-        "",
-        INSERT_BEFORE,
-        """
-        # Test only: the DeepSeek V4.1 FlashInfer sparse-MLA backend plans
-        # SM12x pages on any GPU its Triton kernel serves, so an H200 can
-        # run them (the page policy reads it; nothing in production sets it).
-        "VLLM_DSV41_TEST_FORCE_SM12X_PAGES": lambda: (
-            os.getenv("VLLM_DSV41_TEST_FORCE_SM12X_PAGES", "0") == "1"
-        ),
-        """,
-        PAGES,
-        "vLLM knows the page policy's test-only setting (no unknown-variable "
-        "warning, no refusal under --fail-on-environ-validation)",
-        anchor='"VLLM_TEST_FORCE_LOAD_FORMAT": lambda: os.getenv(',
-    ),
     # ---- validation: negotiate before any cache is built
+    Edit(
+        SPARSE_MLA,
+        "",
+        INSERT_AFTER,
+        """
+        from vllm.models.deepseek_v41.nvidia.sparse_mla_pages import SparseMLAPlan
+        """,
+        VALIDATION,
+        "the plan a backend's negotiation returns",
+        anchor="from vllm.v1.kv_cache_interface import AttentionSpec",
+    ),
+    Edit(
+        FLASHINFER,
+        "",
+        INSERT_AFTER,
+        """
+        from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
+        """,
+        VALIDATION,
+        "--block-size is checked against the indexer's kernel pages too",
+        anchor="from vllm.v1.attention.backends.mla.sparse_swa import "
+        "DeepseekSparseSWABackend",
+    ),
     Edit(
         SPARSE_MLA,
         "DeepseekV4SparseMLABackend",
         ADD_TO_CLASS,
         '''
         @classmethod
-        def negotiate(cls, vllm_config: VllmConfig, attention_cls: type) -> Any:
-            """Check a layer of ``attention_cls`` against what this backend's
-            kernels serve before it builds any cache; raise the fix for an
-            unserved configuration. Returns what the layer needs to know."""
+        def negotiate(cls, vllm_config: VllmConfig) -> "SparseMLAPlan | None":
+            """Check a layer about to be built against what this backend's
+            kernels serve, before any cache exists; raise the fix for an
+            unserved configuration. Return the plan the layer runs, if any."""
             return None
         ''',
         VALIDATION,
@@ -315,7 +322,7 @@ EDITS: tuple[Edit, ...] = (
         """
         # Before any cache or kernel is set up: an unserved configuration
         # fails here with one message saying how to fix it.
-        self.sparse_mla_geometry = self.backend_cls.negotiate(vllm_config, type(self))
+        self.sparse_mla_plan = self.backend_cls.negotiate(vllm_config)
         """,
         VALIDATION,
         "every DeepSeek V4.1 layer negotiates with its backend first",
@@ -327,10 +334,14 @@ EDITS: tuple[Edit, ...] = (
         ADD_TO_CLASS,
         """
         @classmethod
-        def negotiate(
-            cls, vllm_config: VllmConfig, attention_cls: type
-        ) -> sparse_mla_negotiation.LayerGeometry:
-            return sparse_mla_negotiation.negotiate_layer(vllm_config, attention_cls)
+        def paged_backends(cls) -> sparse_mla_pages.PagedBackends:
+            return sparse_mla_pages.PagedBackends(
+                cls, DeepseekV41IndexerBackend, _SPARSE_MLA_SUPPORTED_Q_HEADS
+            )
+
+        @classmethod
+        def negotiate(cls, vllm_config: VllmConfig) -> sparse_mla_pages.SparseMLAPlan:
+            return sparse_mla_pages.negotiate_layer(vllm_config, cls.paged_backends())
         """,
         VALIDATION,
         "the FlashInfer backend negotiates through the page policy",
@@ -339,7 +350,7 @@ EDITS: tuple[Edit, ...] = (
         FLASHINFER,
         f"{FI_BACKEND}.supports_compute_capability",
         REPLACE,
-        "sparse_mla_negotiation.supports_compute_capability(capability)",
+        "sparse_mla_pages.supports_compute_capability(capability)",
         VALIDATION,
         "the GPUs the backend runs on are the policy's",
         anchor="capability.major in [10, 12]",
@@ -350,8 +361,8 @@ EDITS: tuple[Edit, ...] = (
         REPLACE_BODY,
         """
         # The same check start-up makes, so the two cannot disagree.
-        return sparse_mla_negotiation.unsupported_reason(
-            device_capability, kv_cache_dtype
+        return sparse_mla_pages.unsupported_reason(
+            device_capability, kv_cache_dtype, block_size, cls.paged_backends()
         )
         """,
         VALIDATION,
@@ -362,10 +373,10 @@ EDITS: tuple[Edit, ...] = (
         FLASHINFER,
         "",
         REPLACE,
-        "import sparse_mla_launcher, sparse_mla_negotiation",
+        "import sparse_mla_launcher, sparse_mla_pages",
         TRITON,
         "the two-segment layer runs its kernel through the launcher",
-        anchor="import sparse_mla_negotiation",
+        anchor="import sparse_mla_pages",
     ),
     Edit(
         FLASHINFER,
@@ -373,7 +384,7 @@ EDITS: tuple[Edit, ...] = (
         REPLACE,
         "",
         TRITON,
-        "the shape probe is the negotiated geometry's",
+        "the shape probe is the negotiated plan's",
         anchor="from vllm.utils.flashinfer import "
         "has_flashinfer_sparse_mla_sm120_config",
     ),
@@ -381,7 +392,7 @@ EDITS: tuple[Edit, ...] = (
         FLASHINFER,
         f"{SM120_LAYER}.__init__",
         REPLACE,
-        "self.sparse_mla_geometry.serves(",
+        "self.sparse_mla_plan.serves(",
         TRITON,
         "a shape FlashInfer lacks is served by the Triton kernel the policy chose",
         anchor="has_flashinfer_sparse_mla_sm120_config(",
@@ -393,9 +404,7 @@ EDITS: tuple[Edit, ...] = (
         '''
         def _sparse_mla_decode(self, **kwargs) -> torch.Tensor:
             """The kernel the page policy chose for this layer when it was built."""
-            return sparse_mla_launcher.launch(
-                self.sparse_mla_geometry.kernel_path, **kwargs
-            )
+            return sparse_mla_launcher.launch(self.sparse_mla_plan.kernel, **kwargs)
         ''',
         TRITON,
         "each layer runs the kernel negotiated for it",

@@ -15,6 +15,7 @@ Nothing here is committed: the diffs are made at build time.
 import argparse
 import fnmatch
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,20 +40,13 @@ from tools.fork.edits import CONCERNS, EDITS, PAGES, TRITON, VALIDATION  # noqa:
 # The repository's files each patch adds, by concern (glob patterns).
 SERIES_FILES: dict[str, tuple[str, ...]] = {
     PAGES: (
-        "vllm/v1/attention/backends/mla/sparse_mla_page_policy.py",
-        "vllm/models/deepseek_v41/nvidia/sparse_mla_negotiation.py",
+        "vllm/v1/attention/backends/mla/indexer_pages.py",
+        "vllm/models/deepseek_v41/nvidia/sparse_mla_pages.py",
         "tests/v1/attention/backends/mla/test_sparse_mla_page_policy.py",
         "tests/v1/attention/dsv41/*.py",
         "tests/models/deepseek_v41/conftest.py",
     ),
-    VALIDATION: (
-        "vllm/v1/attention/backends/mla/sparse_mla_plan_report.py",
-        "vllm/models/deepseek_v41/configs/*.json",
-        "tests/models/deepseek_v41/test_flashinfer_sparse.py",
-        "tests/models/deepseek_v41/test_kv_cache_planning.py",
-        "tests/models/deepseek_v41/test_report.py",
-        "tests/models/deepseek_v41/test_plan_report_cli.py",
-    ),
+    VALIDATION: ("tests/models/deepseek_v41/test_flashinfer_sparse.py",),
     TRITON: (
         "vllm/models/deepseek_v41/nvidia/sparse_mla_launcher.py",
         "vllm/v1/attention/ops/triton_dsv41_sparse_mla.py",
@@ -65,54 +59,99 @@ SERIES_FILES: dict[str, tuple[str, ...]] = {
         "benchmarks/kernels/flashmla_peer.py",
     ),
 }
-# Files of the fork that upstream does not need: the pre-0.30.0 import path
-# and package markers (upstream's tests/ and tools/ are not packages).
+# Files of the fork that upstream does not need: the pre-0.30.0 import path,
+# package markers (upstream's tests/ and tools/ are not packages), and the
+# plan report, the fork's own command, with the tests that build on it.
 FORK_ONLY = (
     "vllm/models/deepseek_v4_1/*",
     "tests/models/deepseek_v4_1/*",
     "*__init__.py",
+    "vllm/v1/attention/backends/mla/sparse_mla_plan_report.py",
+    "vllm/models/deepseek_v41/configs/*.json",
+    "tests/models/deepseek_v41/test_report.py",
+    "tests/models/deepseek_v41/test_plan_report_cli.py",
+    "tests/models/deepseek_v41/test_indexer_pages.py",
+    "tests/models/deepseek_v41/test_kv_cache_planning.py",
 )
 
-# Each patch's title and why it exists (the commit message).
+# Each patch's title and why it exists (the commit message). PAGES says what
+# fails on the base: the indexer's pages everywhere, and the sliding-window
+# and compressed pages too where FlashInfer's SM120 kernels fix their page.
+INDEXER_FAILURE = """
+DeepSeek V4.1 pages each kv-source layer's indexer K cache with
+--block-size tokens, so a ratio-1 layer gets pages of --block-size
+compressed states. DeepGEMM's paged MQA logits take only some state
+counts per page on each GPU (64 on SM12x with the DeepGEMM vLLM ships
+here, 32 or 64 with newer ones), so at the default --block-size 128 the
+first indexer decode on SM12x fails DeepGEMM's host check, and no single
+--block-size serves both the ratio-1 and the ratio-2 layers.
+
+Page every indexer K cache at 64 compressed states (64 * compress_ratio
+tokens), which DeepGEMM takes on every GPU it serves, and have
+DeepseekV41IndexerBackend report those kernel pages. The indexer cache
+asks DeepGEMM once while the model is built, so a DeepGEMM that refuses
+the pages fails at start-up naming the pages it takes.
+"""
+FIXED_SM120_PAGES = """
+FlashInfer's SM120 DSV4 decode kernels are built here for 64-entry pages
+only, while the sliding-window cache is paged in 32 tokens and the
+compressed KV in --block-size tokens, so the first SM120 decode fails as
+well. A page policy reads what the installed FlashInfer serves (its
+fixed tables, or supported_sparse_mla_sm120_configs()) and the backends
+answer from it: get_swa_block_size() sizes the SWA cache,
+get_compressed_block_size(ratio) the compressed-KV spec (64 states per
+page), and get_supported_kernel_block_sizes() / get_preferred_block_size()
+report those pages.
+"""
+RUNTIME_SM120_PAGES = """
+The sliding-window and compressed-KV caches get their page from the
+backend too (get_swa_block_size(), get_compressed_block_size(ratio)):
+FlashInfer's SM120 kernels take the page at run time, so both keep
+today's pages, and a FlashInfer built for fixed pages gets the pages its
+tables name.
+"""
+PAGES_TITLE = "[Bugfix] DeepSeek V4.1: KV-cache pages every sparse kernel reads"
 MESSAGES = {
-    PAGES: (
-        "[Attention] DeepSeek V4.1: KV-cache pages the sparse-MLA kernels serve",
-        """
-        FlashInfer 0.6.14-0.6.18 build the SM120 DSV4 decode kernels for
-        64-entry pages only, but DeepSeek V4.1 pages its sliding-window cache
-        in 32 tokens and its compressed KV in --block-size tokens, so SM12x
-        fails at the first decode. A page policy asks the installed FlashInfer
-        what it serves (its static tables before 0.7,
-        supported_sparse_mla_sm120_configs() from 0.7) and the backends answer
-        from it: get_swa_block_size() sizes the SWA cache,
-        get_compressed_block_size(ratio) the compressed-KV spec, and
-        get_supported_kernel_block_sizes() / get_preferred_block_size() report
-        the pages. Other backends keep their pages.
-        """,
-    ),
     VALIDATION: (
         "[Attention] DeepSeek V4.1: refuse unserved sparse-MLA setups at start-up",
         """
         Every DeepSeek V4.1 layer negotiates with its backend before it builds
         a cache. The FlashInfer backend checks the GPU, the head count after
-        tensor parallelism, the KV-cache dtype and --block-size against the
-        page policy and raises one message naming what is supported and how
-        to fix it; supports_combination() asks the same check. A plan report
-        (python -m vllm.v1.attention.backends.mla.sparse_mla_plan_report plan)
-        prints the pages, kernel and errors for a GPU without loading weights.
+        tensor parallelism, the KV-cache dtype and --block-size (against the
+        sparse-MLA and the indexer kernels' pages, with vLLM's own kernel-page
+        selection) and raises one message naming what is supported and how
+        to fix it; supports_combination() makes the same checks.
         """,
     ),
     TRITON: (
         "[Kernel] DeepSeek V4.1: portable Triton sparse-MLA fallback",
         """
-        A Triton kernel with FlashInfer's two-segment sparse-MLA contract runs
-        where FlashInfer has none: SM89/SM90, or a decode shape the installed
-        FlashInfer's SM120 kernels lack. The policy picks it per layer when the
-        layer is built and the SM120 layer calls it through a launcher; its
-        tiles fit 99 KB shared-memory GPUs. With its tests and benchmark.
+        A Triton kernel with FlashInfer's two-segment sparse-MLA contract. It
+        runs by itself only where no FlashInfer kernel serves the model: an
+        SM12x decode shape the installed FlashInfer's SM120 kernels lack, or
+        an SM12x host without FlashInfer's SM120 kernels. On SM89/SM90 it
+        runs when FLASHINFER_MLA_SPARSE_DSV41 is asked for by name (FlashMLA
+        stays the default there). Its tiles fit 99 KB shared-memory GPUs.
+        With its tests and benchmark.
         """,
     ),
 }
+
+
+def _message(concern: str, fixed_sm120_pages: bool) -> tuple[str, str]:
+    if concern != PAGES:
+        title, body = MESSAGES[concern]
+        return title, textwrap.dedent(body).strip()
+    pages = FIXED_SM120_PAGES if fixed_sm120_pages else RUNTIME_SM120_PAGES
+    body = f"{INDEXER_FAILURE.strip()}\n\n{pages.strip()}"
+    return PAGES_TITLE, body
+
+
+def sm120_pages_fixed(flashinfer_version: str) -> bool:
+    """Whether the base's FlashInfer builds its SM120 kernels for one page
+    (run-time pages arrived in FlashInfer 0.7.1)."""
+    numbers = tuple(int(p) for p in flashinfer_version.split(".")[:3] if p.isdigit())
+    return numbers < (0, 7, 1)
 
 
 def _concern_of(path: str) -> str | None:
@@ -146,15 +185,33 @@ def extract_pristine(wheel: Path, tree: Path) -> None:
                 zf.extract(info, tree)
 
 
-def _git(tree: Path, *args: str) -> str:
-    # A fixed author and date keep the generated series byte-reproducible.
-    identity = "DeepSeek V4.1 Blackwell fork"
+def signer(author: str | None = None) -> tuple[str, str] | None:
+    """Who signs the series off: ``author`` ("Name <email>"), else git's
+    ``user.name`` and ``user.email`` here; None when neither is set."""
+    if author:
+        match = re.fullmatch(r"\s*(.+?)\s*<([^<>\s]+@[^<>\s]+)>\s*", author)
+        if match is None:
+            raise SystemExit(f"--author {author!r}: expected 'Name <email>'")
+        return match[1], match[2]
+
+    def config(key: str) -> str:
+        return subprocess.run(
+            ["git", "config", key], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+
+    name, email = config("user.name"), config("user.email")
+    return (name, email) if name and email else None
+
+
+def _git(tree: Path, *args: str, identity: tuple[str, str] | None = None) -> str:
+    # A fixed date keeps the generated series byte-reproducible.
+    name, email = identity or ("unsigned", "unsigned@invalid")
     env = {
         **os.environ,
-        "GIT_AUTHOR_NAME": identity,
-        "GIT_COMMITTER_NAME": identity,
-        "GIT_AUTHOR_EMAIL": "dsv41-fork@localhost",
-        "GIT_COMMITTER_EMAIL": "dsv41-fork@localhost",
+        "GIT_AUTHOR_NAME": name,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_COMMITTER_EMAIL": email,
         "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
         "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000",
     }
@@ -163,13 +220,31 @@ def _git(tree: Path, *args: str) -> str:
     ).stdout
 
 
+def non_test_lines(numstat: str) -> int:
+    """Added plus removed lines outside tests/ and benchmarks/ in ``git diff
+    --numstat`` output."""
+    total = 0
+    for line in numstat.splitlines():
+        added, removed, path = line.split("\t", 2)
+        if not path.startswith(("tests/", "benchmarks/")) and added != "-":
+            total += int(added) + int(removed)
+    return total
+
+
 def default_out_dir() -> Path:
     return REPO / "dist" / "patches" / f"vllm-{load_pin().VLLM_VERSION}"
 
 
-def generate(out_dir: Path) -> list[Path]:
-    """Write the series to ``out_dir``; return the patch files in order."""
+def generate(out_dir: Path, author: str | None = None) -> list[Path]:
+    """Write the series to ``out_dir``, signed off by ``signer(author)``;
+    return the patch files in order."""
     pin = load_pin()
+    identity = signer(author)
+    if identity is None:
+        log(
+            "the series is unsigned (no Signed-off-by): set git's user.name and "
+            "user.email, or pass --author 'Name <email>'"
+        )
     wheel = upstream_wheel()
     files = series_files()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -190,10 +265,15 @@ def generate(out_dir: Path) -> list[Path]:
             for path in files[concern]:
                 (tree / path).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(REPO / path, tree / path)
-            title, body = MESSAGES[concern]
-            body = textwrap.dedent(body).strip()
+            title, body = _message(concern, sm120_pages_fixed(pin.FLASHINFER_VERSION))
             _git(tree, "add", "-A")
-            _git(tree, "commit", "-q", "-m", title, "-m", body)
+            if concern == PAGES:
+                changed = _git(tree, "diff", "--cached", "--numstat")
+                body += f"\n\nNon-test lines changed: {non_test_lines(changed)}."
+            message = ["-m", title, "-m", body]
+            if identity is not None:
+                message += ["-m", f"Signed-off-by: {identity[0]} <{identity[1]}>"]
+            _git(tree, "commit", "-q", *message, identity=identity)
         _git(
             tree, "format-patch", "-q", "--no-signature", "-o", str(out_dir),
             f"HEAD~{len(CONCERNS)}",
@@ -216,10 +296,15 @@ def generate(out_dir: Path) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, help="default: dist/patches/vllm-<base>")
+    parser.add_argument(
+        "--author",
+        help="'Name <email>' to author and sign off the series "
+        "(default: git's user.name and user.email)",
+    )
     add_base_argument(parser)
     args = parser.parse_args()
     select_base(args.base)
-    for patch in generate(args.out or default_out_dir()):
+    for patch in generate(args.out or default_out_dir(), args.author):
         print(patch)
 
 

@@ -21,12 +21,12 @@ import importlib.metadata, sys
 from pathlib import Path
 import vllm
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
-from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages
 from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as seed_path
 
 site = Path(vllm.__file__).resolve().parent
 failures = []
-for module in (fi, sparse_mla_negotiation, seed_path):
+for module in (fi, sparse_mla_pages, seed_path):
     if site not in Path(module.__file__).resolve().parents:
         failures.append(f"{module.__name__} imported from {module.__file__}")
 layer = fi.DeepseekV4FlashInferSM120Attention

@@ -16,8 +16,8 @@ import torch
 
 from tests.v1.attention.dsv41 import many_step_decode as msd
 from tests.v1.attention.dsv41.test_many_step_decode import PLANS, check
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.platforms.interface import DeviceCapability
-from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 
 # GPU kernels accumulate in FP32 in their own order and round the output to
 # BF16; measured on the H200 well below this.
@@ -29,16 +29,16 @@ def _gpu_runs() -> list[tuple[str, str]]:
     if not torch.cuda.is_available():
         return []
     capability = DeviceCapability(*torch.cuda.get_device_capability())
-    if policy.is_sm100(capability):
+    if capability.major == 10:
         return []  # SM10x layers run the TRTLLM-gen class, not this one
     if capability.to_int() < policy.TRITON_MIN_CAPABILITY:
         return []
-    runs = [(plan, policy.TRITON) for plan in PLANS]
-    if policy.is_sm120(capability):
+    runs = [(plan, policy.SparseMLAKernel.TRITON) for plan in PLANS]
+    if capability.major == 12:
         # FlashInfer's kernel on the SWA page the policy negotiates for it.
         swa = policy.plan_pages(capability).swa_block_size
         plan = next(p for p in PLANS if msd.page_plan(p).swa == swa)
-        runs.append((plan, policy.FLASHINFER_SM120))
+        runs.append((plan, policy.SparseMLAKernel.FLASHINFER_SM120))
     return runs
 
 
@@ -47,7 +47,9 @@ def _gpu_runs() -> list[tuple[str, str]]:
     reason="needs a CUDA GPU the two-segment class runs on (SM89+, not SM10x); "
     "runs in the Buildkite H100, RTX PRO 6000 and DGX Spark steps",
 )
-@pytest.mark.parametrize("plan,kernel", _gpu_runs() or [("sm12x", policy.TRITON)])
+@pytest.mark.parametrize(
+    "plan,kernel", _gpu_runs() or [("sm12x", policy.SparseMLAKernel.TRITON)]
+)
 def test_many_step_decode_on_gpu(plan: str, kernel: str) -> None:
     result = msd.run(plan, "full", kernel, "cuda", seed=1)
     print(json.dumps(result))

@@ -66,9 +66,8 @@ from tests.v1.attention.dsv41.test_attention_forward_cpu import (
     _make_layer as make_forward_layer,
 )
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
-from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.platforms.interface import DeviceCapability
-from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 
 # Every test here needs a CUDA GPU (the reason of each skip names which).
 pytestmark = pytest.mark.gpu
@@ -130,13 +129,13 @@ SM12X = requires_gpu(12, "FlashInfer SM120 sparse MLA (RTX PRO 6000/RTX 5090/GB1
 ANY_CUDA = requires_gpu(None, "upstream Triton index builders", needs_flashinfer=False)
 
 
-def _plan() -> policy.PagePlan:
+def _plan() -> policy.SparseMLAPlan:
     capability = _capability()
     assert capability is not None
     return policy.plan_pages(capability)
 
 
-def _compressed_states(plan: policy.PagePlan, ratio: int) -> int:
+def _compressed_states(plan: policy.SparseMLAPlan, ratio: int) -> int:
     """Compressed states per page for a layer of ``ratio``, as the fork sizes
     the compressed-KV cache (negotiated, else the kernel's block size)."""
     tokens = plan.compressed_block_size(ratio)
@@ -455,7 +454,7 @@ SM12X_CASES = {
 def test_sm10x_trtllm_gen_matches_reference(name: str, workspace: torch.Tensor) -> None:
     case = SM10X_CASES[name]
     plan = _plan()
-    assert plan.kernel_path == policy.TRTLLM_GEN
+    assert plan.kernel == policy.SparseMLAKernel.TRTLLM_GEN
     w = _kernel_world(
         case,
         plan.swa_block_size,
@@ -472,7 +471,7 @@ def test_sm12x_two_segment_matches_reference(
 ) -> None:
     case = SM12X_CASES[name]
     plan = _plan()
-    assert plan.kernel_path == policy.FLASHINFER_SM120
+    assert plan.kernel == policy.SparseMLAKernel.FLASHINFER_SM120
     comp_states = _compressed_states(plan, case.ratio) if case.ratio else 64
     w = _kernel_world(case, plan.swa_block_size, comp_states, seed=_seed(name))
     _run_and_compare(_sm12x_arguments(w), w, "sparse", workspace)
@@ -543,7 +542,7 @@ def _forward_on_gpu(
         if case.cls == "sm120"
         else fi.DeepseekV4FlashInferMLAAttention
     )
-    geometry = sparse_mla_negotiation.negotiate_for_model(
+    geometry = policy.negotiate_for_model(
         capability,
         SimpleNamespace(
             num_attention_heads=case.heads,
@@ -554,7 +553,7 @@ def _forward_on_gpu(
         kv_cache_dtype="fp8" if case.kv in ("packed", "fp8") else "auto",
         attention_cls=layer_cls,
     )
-    kernel = force_kernel or geometry.kernel_path
+    kernel = force_kernel or geometry.kernel
     seed = random.SystemRandom().randrange(2**31)
     print(f"seed={seed} swa_page={plan.swa_block_size} kernel={kernel}")
     world = build_forward_world(case, seed)
@@ -568,7 +567,7 @@ def _forward_on_gpu(
                 setattr(metadata, key, _to_gpu(value))
     layer = make_forward_layer(world)
     assert type(layer) is layer_cls
-    layer.sparse_mla_geometry = dataclasses.replace(geometry, kernel_path=kernel)
+    layer.sparse_mla_plan = dataclasses.replace(geometry, kernel=kernel)
 
     for klass in type(layer).__mro__:
         module = sys.modules.get(klass.__module__)
@@ -588,7 +587,9 @@ def _forward_on_gpu(
         return flashinfer(**kwargs)
 
     def triton_counting(**kwargs: Any) -> Any:
-        calls.append((policy.TRITON, int(kwargs["swa_kv_cache"].shape[1])))
+        calls.append(
+            (policy.SparseMLAKernel.TRITON, int(kwargs["swa_kv_cache"].shape[1]))
+        )
         return run_triton(**kwargs)
 
     monkeypatch.setattr(sparse_mla_launcher, "run_triton", triton_counting)
@@ -606,7 +607,7 @@ def _forward_on_gpu(
     layer.forward_mqa(world.q, torch.empty(0, device=DEVICE), world.positions, output)
     _sync()
 
-    ran = "triton" if kernel == policy.TRITON else "flashinfer"
+    ran = "triton" if kernel == policy.SparseMLAKernel.TRITON else "flashinfer"
     assert calls, "the sparse-MLA launcher was never called"
     assert {k for k, _ in calls} == {ran}
     assert {page for _, page in calls} == {plan.swa_block_size}
@@ -637,7 +638,7 @@ def test_sm12x_forward_through_fork_class(
     """FlashInfer's SM120 kernels under the fork's two-segment class, on the
     negotiated pages."""
     plan = _plan()
-    assert plan.kernel_path == policy.FLASHINFER_SM120
+    assert plan.kernel == policy.SparseMLAKernel.FLASHINFER_SM120
     _forward_on_gpu(name, monkeypatch)
 
 
@@ -653,7 +654,7 @@ def _triton_forward_skip_reason() -> str | None:
     reason = _skip_reason(None, "the Triton kernel path", needs_flashinfer=False)
     capability = _capability()
     if reason is None and capability is not None:
-        if policy.is_sm100(capability):
+        if capability.major == 10:
             reason = "SM10x runs the TRTLLM-gen class, never the Triton kernel"
         elif capability.to_int() < policy.TRITON_MIN_CAPABILITY:
             reason = f"the Triton kernel needs SM{policy.TRITON_MIN_CAPABILITY}+"
@@ -671,7 +672,7 @@ def test_two_segment_forward_on_triton(
     """The two-segment class on the fork's Triton kernel: the plan on SM90,
     and on SM12x the fallback for shapes FlashInfer's tables lack (there it
     keeps FlashInfer's negotiated pages)."""
-    _forward_on_gpu(name, monkeypatch, force_kernel=policy.TRITON)
+    _forward_on_gpu(name, monkeypatch, force_kernel=policy.SparseMLAKernel.TRITON)
 
 
 # ---------------------------------------------------------------------------

@@ -15,10 +15,9 @@ from tests.v1.attention.dsv41.flashinfer_release import (
 )
 from vllm.models.deepseek_v41 import attention as dsv41_attention
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
-from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
 from vllm.v1.attention.backend import MultipleOf
-from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 MLA = fi.DeepseekV4FlashInferMLASparseBackend
@@ -77,7 +76,7 @@ def test_other_backends_keep_upstream_pages(set_capability):
     assert flashmla_swa.get_swa_block_size() == 32
     assert DeepseekV4FlashMLAAttention.backend_cls.get_compressed_block_size(1) is None
     # Their layers negotiate nothing.
-    assert DeepseekV4FlashMLAAttention.backend_cls.negotiate(None, object) is None
+    assert DeepseekV4FlashMLAAttention.backend_cls.negotiate(None) is None
 
 
 @pytest.mark.parametrize(
@@ -141,9 +140,7 @@ def _vllm_config(
 
 @pytest.fixture
 def single_gpu(monkeypatch):
-    monkeypatch.setattr(
-        sparse_mla_negotiation, "get_tensor_model_parallel_world_size", lambda: 1
-    )
+    monkeypatch.setattr(policy, "get_tensor_model_parallel_world_size", lambda: 1)
 
 
 @pytest.mark.parametrize("ratio", [1, 2])
@@ -181,24 +178,19 @@ def test_compressed_kv_spec_takes_the_negotiated_page(
 @fixed_pages
 def test_unserved_shape_negotiates_the_triton_kernel(set_capability, single_gpu):
     set_capability(12, 0)
-    geometry = MLA.negotiate(
-        _vllm_config(cache_dtype="fp8", spec_tokens=200),
-        fi.DeepseekV4FlashInferSM120Attention,
-    )
-    assert geometry.kernel_path == policy.TRITON
-    assert "top-k [384]" in geometry.fallback_reason
-    assert geometry.plan.swa_block_size == 64
+    geometry = MLA.negotiate(_vllm_config(cache_dtype="fp8", spec_tokens=200))
+    assert geometry.kernel == policy.SparseMLAKernel.TRITON
+    assert "top-k [384]" in geometry.note
+    assert geometry.swa_block_size == 64
     # The SM120 layer's shape probe asks the geometry, which serves it.
     assert geometry.serves(64, 384)
 
 
 def test_served_shape_negotiates_flashinfer(set_capability, single_gpu):
     set_capability(12, 0)
-    geometry = MLA.negotiate(
-        _vllm_config(cache_dtype="fp8"), fi.DeepseekV4FlashInferSM120Attention
-    )
-    assert geometry.kernel_path == policy.FLASHINFER_SM120
-    assert geometry.fallback_reason is None
+    geometry = MLA.negotiate(_vllm_config(cache_dtype="fp8"))
+    assert geometry.kernel == policy.SparseMLAKernel.FLASHINFER_SM120
+    assert geometry.note is None
     assert geometry.serves(64, 128)
     # A shape FlashInfer lacks (0.6.x) is not the FlashInfer kernel's.
     assert geometry.serves(64, 384) is (FIXED_SM120_PAGE is None)
@@ -210,10 +202,10 @@ def test_reported_missing_shape_runs_flashinfer(set_capability, single_gpu):
     set_capability(12, 0)
     config = _vllm_config(heads=64, cache_dtype="fp8")
     config.model_config.hf_config.sliding_window = 1152
-    geometry = MLA.negotiate(config, fi.DeepseekV4FlashInferSM120Attention)
-    assert geometry.kernel_path == policy.FLASHINFER_SM120
+    geometry = MLA.negotiate(config)
+    assert geometry.kernel == policy.SparseMLAKernel.FLASHINFER_SM120
     assert geometry.swa_topks == (1152,)
-    assert geometry.plan.swa_block_size == 32
+    assert geometry.swa_block_size == 32
 
 
 def test_an_unset_block_size_is_not_refused(set_capability, single_gpu):
@@ -223,11 +215,11 @@ def test_an_unset_block_size_is_not_refused(set_capability, single_gpu):
     --block-size unset, which they had.)"""
     set_capability(9, 0)
     unset = _vllm_config(cache_dtype="fp8", block_size=16, user_block=False)
-    geometry = MLA.negotiate(unset, fi.DeepseekV4FlashInferSM120Attention)
-    assert geometry.kernel_path == policy.TRITON
+    geometry = MLA.negotiate(unset)
+    assert geometry.kernel == policy.SparseMLAKernel.TRITON
     chosen = _vllm_config(cache_dtype="fp8", block_size=16)
     with pytest.raises(policy.UnsupportedSparseMLAConfig, match="--block-size 16"):
-        MLA.negotiate(chosen, fi.DeepseekV4FlashInferSM120Attention)
+        MLA.negotiate(chosen)
 
 
 @pytest.mark.parametrize(
@@ -257,36 +249,3 @@ def test_unserved_configs_fail_before_the_layer_builds_anything(
     )
     with pytest.raises(policy.UnsupportedSparseMLAConfig, match=match):
         cls(config, prefix="model.layers.1.attn")
-
-
-@pytest.mark.parametrize(
-    "tp, ratios, match",
-    [
-        (3, [0, 1, 2], "cannot be split evenly over --tensor-parallel-size 3"),
-        (1, [0, 4, 1], r"compress ratios \[4\] are not DeepSeek V4.1's"),
-    ],
-)
-def test_layers_refuse_what_the_report_refuses(
-    set_capability, monkeypatch, tp, ratios, match
-):
-    """The layer, the backend check and the plan report share one validation:
-    the same setups fail with the same message."""
-    from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
-
-    set_capability(12, 0)
-    monkeypatch.setattr(
-        sparse_mla_negotiation, "get_tensor_model_parallel_world_size", lambda: tp
-    )
-    config = _vllm_config(heads=128, cache_dtype="fp8")
-    config.model_config.hf_config.compress_ratios = ratios
-    with pytest.raises(policy.UnsupportedSparseMLAConfig, match=match) as built:
-        fi.DeepseekV4FlashInferSM120Attention(config, prefix="model.layers.1.attn")
-    hf = config.model_config.hf_config
-    hf.head_dim, hf.kv_source_layer_ids = 512, []
-    plan = report.make_plan(
-        policy.DeviceCapability(12, 0),
-        hf,
-        tensor_parallel_size=tp,
-        kv_cache_dtype="fp8",
-    )
-    assert plan.error == str(built.value)

@@ -17,8 +17,8 @@ import pytest
 import vllm
 from tests.models.deepseek_v41.test_kv_cache_planning import _engine_config
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
-from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation as negotiation
-from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
+from vllm.v1.attention.backends.mla import indexer_pages
 from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
 from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
@@ -109,9 +109,9 @@ def published(tmp_path):
 
 @pytest.mark.parametrize("major", [9, 10, 12])
 def test_the_policy_knows_the_shipped_deepgemm(major):
-    version, where = policy._installed_deepgemm()
+    version, where = indexer_pages._installed_deepgemm()
     assert where == "vendored"
-    known = policy.DEEPGEMM_INDEXER_STATES[version][major]
+    known = indexer_pages.DEEPGEMM_INDEXER_STATES[version][major]
     assert known == {n for n in (16, 32, 64, 128, 256) if deepgemm_takes(major, n)}
 
 
@@ -145,7 +145,7 @@ def _kernel_states(capability, hf, block_size) -> dict[str, int]:
     grouping and the worker's choice of one kernel page per group."""
     plan = policy.plan_pages(capability)
     config = _engine_config(block_size)
-    layer_cls = negotiation.attention_class_for(capability)
+    layer_cls = report.attention_class_for(capability)
     specs = report.cache_specs(
         capability, hf, plan, "fp8", layer_cls.use_fp8_ds_mla_layout, block_size
     )
@@ -186,7 +186,11 @@ def test_every_accepted_block_size_pages_every_kernel(
     accepted = []
     for block_size in (16, 32, 64, 128, 256):
         try:
-            negotiation.check_block_size(block_size, plan)
+            policy.check_block_size(
+                block_size,
+                plan,
+                fi.DeepseekV4FlashInferMLASparseBackend.paged_backends(),
+            )
         except policy.UnsupportedSparseMLAConfig as e:
             assert "Use one of [" in str(e)
             continue
@@ -206,13 +210,11 @@ def test_indexer_pages_refused_by_deepgemm_fail_at_start_up(monkeypatch):
     capability = policy.DeviceCapability(9, 0)
     monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
     monkeypatch.setattr("vllm.utils.import_utils.has_deep_gemm", lambda: True)
-    monkeypatch.setattr(policy, "_deepgemm_takes", lambda n: n == 32)
-    policy.confirm_indexer_pages.cache_clear()
-    with pytest.raises(
-        policy.UnsupportedSparseMLAConfig, match=r"64 states.*takes \[32\]"
-    ):
-        policy.confirm_indexer_pages(capability)
-    monkeypatch.setattr(policy, "_deepgemm_takes", lambda n: n == 64)
-    policy.confirm_indexer_pages.cache_clear()
-    assert policy.confirm_indexer_pages(capability).states_per_page == 64
-    policy.confirm_indexer_pages.cache_clear()
+    monkeypatch.setattr(indexer_pages, "_deepgemm_takes", lambda n: n == 32)
+    indexer_pages.confirm_indexer_pages.cache_clear()
+    with pytest.raises(ValueError, match=r"64 states.*takes \[32\]"):
+        indexer_pages.confirm_indexer_pages(capability)
+    monkeypatch.setattr(indexer_pages, "_deepgemm_takes", lambda n: n == 64)
+    indexer_pages.confirm_indexer_pages.cache_clear()
+    assert indexer_pages.confirm_indexer_pages(capability).states_per_page == 64
+    indexer_pages.confirm_indexer_pages.cache_clear()

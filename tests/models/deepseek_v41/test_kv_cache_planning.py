@@ -14,14 +14,15 @@ import pytest
 import torch
 
 from tests.v1.attention.dsv41.flashinfer_release import fixed_pages
+from tests.v1.attention.dsv41.sm12x_pages import force_sm12x_pages
 from vllm.config import DeviceConfig, VllmConfig
 from vllm.models.deepseek_v41.attention import (
     DeepseekV4IndexerCache,
     _indexer_k_cache_head_dim,
 )
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fork
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.platforms.interface import DeviceCapability
-from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
 from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
@@ -88,7 +89,7 @@ def test_sm12x_plan_is_accepted_by_vllm(set_capability, minor):
 def test_forced_sm12x_pages_on_sm90_are_accepted_by_vllm(set_capability, monkeypatch):
     """The test-only setting the engine comparison on an H200 uses: the
     SM12x pages, 64 states per kernel page for every ratio, as on SM12x."""
-    monkeypatch.setenv(policy.FORCE_SM12X_PAGES_ENV, "1")
+    force_sm12x_pages(monkeypatch.setattr)
     _check_sm12x_pages_in_vllms_planner(set_capability(9, 0), {1: 64, 2: 64})
 
 

@@ -6,7 +6,10 @@ import json
 
 import pytest
 
+from tests.models.deepseek_v41.test_flashinfer_sparse import _vllm_config
 from tests.v1.attention.dsv41.flashinfer_release import FIXED_SM120_PAGE, fixed_pages
+from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
 
 
@@ -139,3 +142,32 @@ def test_the_report_leaves_the_hosts_gpu_as_it_was(capsys):
     before = current_platform.get_device_capability()
     _plan(capsys, "--capability", "9.0")
     assert current_platform.get_device_capability() == before
+
+
+@pytest.mark.parametrize(
+    "tp, ratios, match",
+    [
+        (3, [0, 1, 2], "cannot be split evenly over --tensor-parallel-size 3"),
+        (1, [0, 4, 1], r"compress ratios \[4\] are not DeepSeek V4.1's"),
+    ],
+)
+def test_layers_refuse_what_the_report_refuses(
+    set_capability, monkeypatch, tp, ratios, match
+):
+    """The layer, the backend check and the plan report share one validation:
+    the same setups fail with the same message."""
+    set_capability(12, 0)
+    monkeypatch.setattr(policy, "get_tensor_model_parallel_world_size", lambda: tp)
+    config = _vllm_config(heads=128, cache_dtype="fp8")
+    config.model_config.hf_config.compress_ratios = ratios
+    with pytest.raises(policy.UnsupportedSparseMLAConfig, match=match) as built:
+        fi.DeepseekV4FlashInferSM120Attention(config, prefix="model.layers.1.attn")
+    hf = config.model_config.hf_config
+    hf.head_dim, hf.kv_source_layer_ids = 512, []
+    plan = report.make_plan(
+        policy.DeviceCapability(12, 0),
+        hf,
+        tensor_parallel_size=tp,
+        kv_cache_dtype="fp8",
+    )
+    assert plan.error == str(built.value)

@@ -5,7 +5,7 @@
 from types import SimpleNamespace
 
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
-from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 
 
 def test_launcher_runs_the_layers_kernel(monkeypatch):
@@ -23,9 +23,9 @@ def test_launcher_runs_the_layers_kernel(monkeypatch):
     )
     layer = object.__new__(fi.DeepseekV4FlashInferSM120Attention)
     for kernel, expected in (
-        (policy.TRITON, "triton"),
-        (policy.FLASHINFER_SM120, "flashinfer"),
+        (policy.SparseMLAKernel.TRITON, "triton"),
+        (policy.SparseMLAKernel.FLASHINFER_SM120, "flashinfer"),
     ):
-        layer.sparse_mla_geometry = SimpleNamespace(kernel_path=kernel)
+        layer.sparse_mla_plan = SimpleNamespace(kernel=kernel)
         layer._sparse_mla_decode(query=kernel)
         assert ran[-1] == (expected, {"query": kernel})

@@ -41,6 +41,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,6 +51,9 @@ from tests.v1.attention.dsv41.sparse_mla_reference import (
     fp8_ds_mla_round_trip,
     write_fp8_ds_mla,
 )
+
+if TYPE_CHECKING:
+    from vllm.models.deepseek_v41.nvidia.sparse_mla_pages import SparseMLAKernel
 
 WINDOW = 128
 D = 512
@@ -121,18 +125,18 @@ def page_plan(name: str) -> Pages:
         # The pages the fork negotiates for FlashInfer 0.6's SM120 kernels
         # (FlashInfer 0.7 takes any page, so there the fork keeps upstream's;
         # both plans run on every base).
-        from vllm.v1.attention.backends.mla.sparse_mla_page_policy import (
-            SM12X_FIXED_PAGE as page,
-        )
+        from tests.v1.attention.dsv41.sm12x_pages import SM12X_FIXED_PAGE as page
 
         return Pages(name, page, {1: page, 2: page})
     if name == "upstream":
         from vllm.models.deepseek_v41.sparse_mla import DeepseekV4SparseMLABackend
-        from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+        from vllm.v1.attention.backends.mla.sparse_swa import (
+            DeepseekSparseSWABackend,
+        )
 
         tokens = DeepseekV4SparseMLABackend.get_supported_kernel_block_sizes()[0]
         assert isinstance(tokens, int)
-        swa = policy.upstream_swa_block_size()
+        swa = DeepseekSparseSWABackend.get_swa_block_size()
         return Pages(name, swa, {r: tokens // r for r in RATIOS if r})
     raise ValueError(f"unknown page plan {name!r}; use sm12x or upstream")
 
@@ -220,7 +224,7 @@ class World:
         self,
         pages: Pages,
         schedule: Schedule,
-        kernel: str,
+        kernel: SparseMLAKernel,
         device: torch.device,
         seed: int,
     ) -> None:
@@ -294,7 +298,7 @@ class World:
     def _layer(self, fi, ratio: int):
         layer = object.__new__(fi.DeepseekV4FlashInferSM120Attention)
         torch.nn.Module.__init__(layer)
-        layer.sparse_mla_geometry = SimpleNamespace(kernel_path=self.kernel)
+        layer.sparse_mla_plan = SimpleNamespace(kernel=self.kernel)
         layer.compress_ratio = ratio
         layer.window_size = WINDOW
         layer.max_image_tokens = 0
@@ -539,9 +543,17 @@ def _forward_all(world: World, num_tokens: int) -> None:
 
 
 def run(
-    pages_name: str, schedule_name: str, kernel: str, device: str, seed: int
+    pages_name: str,
+    schedule_name: str,
+    kernel: SparseMLAKernel | str,
+    device: str,
+    seed: int,
 ) -> dict:
-    """Run the whole schedule; returns the largest errors and what happened."""
+    """Run the whole schedule; returns the largest errors and what happened.
+    ``kernel``: a SparseMLAKernel or its value."""
+    from vllm.models.deepseek_v41.nvidia.sparse_mla_pages import SparseMLAKernel
+
+    kernel = SparseMLAKernel(kernel)
     dev = torch.device(device)
     pages = page_plan(pages_name)
     schedule = SCHEDULES[schedule_name]
@@ -625,7 +637,7 @@ def run(
             step += 1
     return {
         "pages": {"swa": pages.swa, "states": pages.states},
-        "kernel": kernel,
+        "kernel": kernel.value,
         "device": str(dev),
         "seed": seed,
         "steps": len(results),
@@ -639,12 +651,10 @@ def run(
 
 
 def main() -> None:
-    from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pages", choices=("sm12x", "upstream"), required=True)
     parser.add_argument("--schedule", choices=tuple(SCHEDULES), default="small")
-    parser.add_argument("--kernel", default=policy.TRITON)
+    parser.add_argument("--kernel", default="triton", help="a SparseMLAKernel value")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

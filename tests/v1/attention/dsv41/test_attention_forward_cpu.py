@@ -49,7 +49,7 @@ from tests.v1.attention.dsv41.sparse_mla_reference import (
     write_fp8_ds_mla,
     write_plain_pool,
 )
-from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 
 ATTENTION_MODULE = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
 attention = importlib.import_module(ATTENTION_MODULE)
@@ -346,8 +346,12 @@ def _make_layer(world: SimpleNamespace):
     layer = object.__new__(cls)
     torch.nn.Module.__init__(layer)
     # What the layer negotiated when it was built: FlashInfer's kernel.
-    kernel = policy.FLASHINFER_SM120 if case.cls == "sm120" else policy.TRTLLM_GEN
-    layer.sparse_mla_geometry = SimpleNamespace(kernel_path=kernel)
+    kernel = (
+        policy.SparseMLAKernel.FLASHINFER_SM120
+        if case.cls == "sm120"
+        else policy.SparseMLAKernel.TRTLLM_GEN
+    )
+    layer.sparse_mla_plan = SimpleNamespace(kernel=kernel)
     layer.compress_ratio = case.ratio
     layer.window_size = WINDOW
     layer.max_image_tokens = 0

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
+from vllm.models.deepseek_v41.nvidia.sparse_mla_pages import SparseMLAKernel
 from vllm.utils import flashinfer as flashinfer_utils
-from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+from vllm.v1.attention.ops.triton_dsv41_sparse_mla import triton_sparse_mla_dsv41
 
 
 def run_triton(
@@ -39,10 +40,6 @@ def run_triton(
     packed or BF16 pools, so it serves the two-segment form only (output
     scale 1, as the SM120 layer passes).
     """
-    from vllm.v1.attention.ops.triton_dsv41_sparse_mla import (
-        triton_sparse_mla_dsv41,
-    )
-
     if bmm2_scale != 1.0:
         raise ValueError("the Triton sparse-MLA kernel has no output scale")
     return triton_sparse_mla_dsv41(
@@ -60,8 +57,8 @@ def run_triton(
     )
 
 
-def launch(kernel_path: str, **kwargs: Any) -> Any:
-    """Run the decode kernel ``kernel_path`` names (a policy kernel name)."""
-    if kernel_path == policy.TRITON:
+def launch(kernel: SparseMLAKernel, **kwargs: Any) -> Any:
+    """Run ``kernel`` with FlashInfer's two-segment keywords."""
+    if kernel is SparseMLAKernel.TRITON:
         return run_triton(**kwargs)
     return flashinfer_utils.flashinfer_trtllm_batch_decode_sparse_mla_dsv4(**kwargs)

@@ -17,8 +17,12 @@ from tests.v1.attention.dsv41.flashinfer_release import (
     fixed_pages,
     runtime_pages,
 )
+from tests.v1.attention.dsv41.sm12x_pages import force_sm12x_pages
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
+from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+    _SPARSE_MLA_SUPPORTED_Q_HEADS as Q_HEADS,
+)
 from vllm.platforms.interface import DeviceCapability
-from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 
 SM90, SM100, SM103 = DeviceCapability(9, 0), DeviceCapability(10, 0), (10, 3)
 SM120, SM121 = DeviceCapability(12, 0), DeviceCapability(12, 1)
@@ -52,19 +56,19 @@ def test_envelope_matches_flashinfer_tables():
 @pytest.mark.parametrize("capability", [SM120, SM121])
 def test_sm12x_pages_with_fixed_64_page_flashinfer(capability):
     plan = policy.plan_pages(capability)
-    assert plan.kernel_path == "flashinfer-sm120"
+    assert plan.kernel is policy.SparseMLAKernel.FLASHINFER_SM120
     assert plan.swa_block_size == 64
     # 64 compressed states per page: ratio r covers 64 * r tokens.
     assert plan.compressed_block_size(1) == 64
     assert plan.compressed_block_size(2) == 128
     assert plan.compressed_block_size(0) is None
-    assert plan.kernel_block_sizes([1, 2]) == [128, 64]
+    assert plan.kernel_block_sizes() == [128, 64]
 
 
 @pytest.mark.parametrize("capability", [SM100, DeviceCapability(*SM103)])
 def test_sm10x_keeps_upstream_pages(capability):
     plan = policy.plan_pages(capability)
-    assert plan.kernel_path == "flashinfer-trtllm-gen"
+    assert plan.kernel is policy.SparseMLAKernel.TRTLLM_GEN
     assert plan.swa_block_size == 32  # what upstream vLLM 0.30.0 builds
     assert plan.compressed_block_size(1) is None
     assert plan.compressed_block_size(2) is None
@@ -73,7 +77,7 @@ def test_sm10x_keeps_upstream_pages(capability):
 @pytest.mark.parametrize("capability", [SM90, DeviceCapability(8, 9)])
 def test_gpus_without_flashinfer_kernels_run_triton(capability):
     plan = policy.plan_pages(capability)
-    assert plan.kernel_path == policy.TRITON
+    assert plan.kernel == policy.SparseMLAKernel.TRITON
     assert plan.swa_block_size == 32  # the Triton kernel takes any page
     assert plan.compressed_block_size(2) is None
 
@@ -90,26 +94,50 @@ def test_sm12x_without_flashinfer_runs_triton_and_says_why(
 ):
     monkeypatch.setattr(policy, "_flashinfer_version", lambda: None)
     geometry = policy.negotiate(
-        SM120, num_local_heads=64, kv_cache_dtype="fp8", swa_topks=[128]
+        SM120,
+        supported_heads=Q_HEADS,
+        num_local_heads=64,
+        kv_cache_dtype="fp8",
+        swa_topks=[128],
     )
-    assert geometry.kernel_path == policy.TRITON
-    assert geometry.fallback_reason.startswith("FlashInfer is not installed")
-    assert "portable Triton kernel" in geometry.fallback_reason
+    assert geometry.kernel == policy.SparseMLAKernel.TRITON
+    assert geometry.note.startswith("FlashInfer is not installed")
+    assert "portable Triton kernel" in geometry.note
 
 
-def test_unusable_flashinfer_07_is_said_with_its_error(
+def test_flashinfer_without_sm120_configs_is_said_with_its_error(
     monkeypatch, fresh_flashinfer_probe
 ):
-    """The 0.7 branch imports flashinfer.mla: a failing import is a reason,
-    not a crash of the policy."""
+    """A FlashInfer with neither fixed tables nor the configuration API runs
+    the Triton kernel and the note names why."""
     monkeypatch.setattr(policy, "_flashinfer_version", lambda: "0.7.9")
+    monkeypatch.setattr(policy, "_read_dispatch_table", lambda version: None)
     monkeypatch.setitem(sys.modules, "flashinfer.mla", None)  # import fails
     plan = policy.plan_pages(SM121)
-    assert plan.kernel_path == policy.TRITON
-    assert "flashinfer 0.7.9 is installed but its SM120" in plan.note
+    assert plan.kernel is policy.SparseMLAKernel.TRITON
+    assert "flashinfer 0.7.9 offers no SM120 sparse-MLA configuration" in plan.note
     assert "ModuleNotFoundError" in plan.note
     # Off SM12x nothing about FlashInfer's SM120 kernels is said.
     assert policy.plan_pages(SM90).note is None
+
+
+def test_broken_flashinfer_configuration_is_not_a_silent_fallback(
+    monkeypatch, fresh_flashinfer_probe
+):
+    """FlashInfer's configuration API failing is an installation fault start-up
+    reports, not a reason to switch kernels."""
+
+    def broken():
+        raise RuntimeError("libflashinfer.so: cannot open shared object file")
+
+    monkeypatch.setattr(policy, "_read_dispatch_table", lambda version: None)
+    monkeypatch.setitem(
+        sys.modules,
+        "flashinfer.mla",
+        SimpleNamespace(supported_sparse_mla_sm120_configs=broken),
+    )
+    with pytest.raises(RuntimeError, match="libflashinfer.so"):
+        policy.plan_pages(SM120)
 
 
 @pytest.mark.parametrize("capability", [DeviceCapability(8, 0), DeviceCapability(7, 5)])
@@ -161,10 +189,10 @@ def test_installed_runtime_page_flashinfer_keeps_upstream_pages(capability):
     assert envelope is not None and envelope.page_sizes is None
     assert "supported_sparse_mla_sm120_configs" in envelope.source
     plan = policy.plan_pages(capability)
-    assert plan.kernel_path == policy.FLASHINFER_SM120
+    assert plan.kernel == policy.SparseMLAKernel.FLASHINFER_SM120
     assert plan.swa_block_size == 32  # upstream's page, which the kernels take
     assert plan.compressed_block_size(1) is None
-    assert plan.kernel_block_sizes([1, 2]) == []
+    assert plan.kernel_block_sizes() == []
 
 
 @runtime_pages
@@ -192,10 +220,14 @@ def test_installed_runtime_envelope_limits(heads, topk, served):
 def test_shapes_the_fixed_tables_lacked_run_flashinfer():
     for topks in ([1152], [384], [128, 160]):
         geometry = policy.negotiate(
-            SM120, num_local_heads=64, kv_cache_dtype="fp8", swa_topks=topks
+            SM120,
+            supported_heads=Q_HEADS,
+            num_local_heads=64,
+            kv_cache_dtype="fp8",
+            swa_topks=topks,
         )
-        assert geometry.kernel_path == policy.FLASHINFER_SM120, topks
-        assert geometry.fallback_reason is None
+        assert geometry.kernel == policy.SparseMLAKernel.FLASHINFER_SM120, topks
+        assert geometry.note is None
 
 
 def test_runtime_page_flashinfer_keeps_upstream_pages():
@@ -206,7 +238,16 @@ def test_runtime_page_flashinfer_keeps_upstream_pages():
     assert plan.compressed_block_size(1) is None
     assert plan.compressed_block_size(2) is None
     # Runtime top-k: anything >= 1 is FlashInfer's.
-    assert policy.choose_kernel(plan, 64, [128, 200]) == (policy.FLASHINFER_SM120, None)
+    negotiated = policy.negotiate(
+        SM120,
+        supported_heads=Q_HEADS,
+        num_local_heads=64,
+        kv_cache_dtype="fp8",
+        swa_topks=[128, 200],
+        envelope=envelope,
+    )
+    assert negotiated.kernel is policy.SparseMLAKernel.FLASHINFER_SM120
+    assert negotiated.note is None
 
 
 def test_fixed_page_decode_config_sets_pages():
@@ -228,7 +269,11 @@ def test_heads_pad_to_the_next_supported_count(total_heads, tp):
     local = total_heads // tp
     expected = max(8, 1 << (local - 1).bit_length())  # next power of two >= 8
     geometry = policy.negotiate(
-        SM120, num_local_heads=local, kv_cache_dtype="fp8_ds_mla", swa_topks=[128]
+        SM120,
+        supported_heads=Q_HEADS,
+        num_local_heads=local,
+        kv_cache_dtype="fp8_ds_mla",
+        swa_topks=[128],
     )
     assert geometry.padded_heads == expected
     assert expected in (8, 16, 32, 64, 128)
@@ -238,7 +283,11 @@ def test_heads_pad_to_the_next_supported_count(total_heads, tp):
 def test_more_than_128_local_heads_are_refused(heads):
     with pytest.raises(policy.UnsupportedSparseMLAConfig) as e:
         policy.negotiate(
-            SM100, num_local_heads=heads, kv_cache_dtype="auto", swa_topks=[128]
+            SM100,
+            supported_heads=Q_HEADS,
+            num_local_heads=heads,
+            kv_cache_dtype="auto",
+            swa_topks=[128],
         )
     message = str(e.value)
     assert str(heads) in message
@@ -249,12 +298,16 @@ def test_more_than_128_local_heads_are_refused(heads):
 @fixed_pages
 def test_unserved_topk_falls_back_to_triton_naming_the_supported_values():
     geometry = policy.negotiate(
-        SM120, num_local_heads=64, kv_cache_dtype="fp8", swa_topks=[128, 160]
+        SM120,
+        supported_heads=Q_HEADS,
+        num_local_heads=64,
+        kv_cache_dtype="fp8",
+        swa_topks=[128, 160],
     )
-    assert geometry.kernel_path == policy.TRITON
+    assert geometry.kernel == policy.SparseMLAKernel.TRITON
     # Pages stay FlashInfer's, so the cache geometry does not depend on it.
-    assert geometry.plan.swa_block_size == 64
-    reason = geometry.fallback_reason
+    assert geometry.swa_block_size == 64
+    reason = geometry.note
     assert "top-k [160]" in reason
     assert "[128, 192, 256, 512, 1024]" in reason
     assert "0.6.18" in reason
@@ -262,10 +315,14 @@ def test_unserved_topk_falls_back_to_triton_naming_the_supported_values():
 
 def test_served_topk_runs_flashinfer():
     geometry = policy.negotiate(
-        SM121, num_local_heads=16, kv_cache_dtype="fp8", swa_topks=[128]
+        SM121,
+        supported_heads=Q_HEADS,
+        num_local_heads=16,
+        kv_cache_dtype="fp8",
+        swa_topks=[128],
     )
-    assert (geometry.kernel_path, geometry.fallback_reason) == (
-        policy.FLASHINFER_SM120,
+    assert (geometry.kernel, geometry.note) == (
+        policy.SparseMLAKernel.FLASHINFER_SM120,
         None,
     )
 
@@ -281,7 +338,7 @@ def test_served_topk_runs_flashinfer():
         (SM120, "fp8", True),
         (SM120, "fp8_e4m3", True),
         (SM120, "fp8_ds_mla", True),
-        (SM120, "auto", False),
+        (SM120, "auto", True),  # the packed layout resolves auto to fp8_ds_mla
         (SM120, "bfloat16", False),
         (SM121, "fp8_ds_mla", True),
         (SM121, "bfloat16", False),
@@ -299,46 +356,12 @@ def test_kv_cache_dtypes_per_architecture(capability, dtype, accepted):
 
 
 def test_forced_sm12x_pages_apply_to_the_triton_path_only(monkeypatch):
-    """The test-only setting gives an SM90 GPU the SM12x pages and says so;
-    SM10x (TRTLLM-gen) and a plan that is not the Triton kernel ignore it."""
-    monkeypatch.setenv(policy.FORCE_SM12X_PAGES_ENV, "1")
+    """The tests' SM12x pages on an SM90 GPU; SM10x (TRTLLM-gen) keeps its own."""
+    force_sm12x_pages(monkeypatch.setattr)
     plan = policy.plan_pages(SM90)
-    assert plan.kernel_path == policy.TRITON
+    assert plan.kernel is policy.SparseMLAKernel.TRITON
     assert plan.swa_block_size == 64
     assert [plan.compressed_block_size(r) for r in (1, 2)] == [64, 128]
-    assert "test-only" in plan.note
     assert policy.plan_pages(SM100).swa_block_size == 32
-    monkeypatch.setenv(policy.FORCE_SM12X_PAGES_ENV, "0")
+    monkeypatch.undo()
     assert policy.plan_pages(SM90).swa_block_size == 32
-    assert policy.plan_pages(SM90).note is None
-
-
-def _validate_environ(hard_fail: bool) -> None:
-    """vLLM's start-up check of VLLM_* variables (in vllm.envs up to 0.30,
-    on the platform from 0.33)."""
-    from vllm import envs
-    from vllm.platforms import current_platform
-
-    check = getattr(envs, "validate_environ", None)
-    (check or current_platform.validate_environ)(hard_fail)
-
-
-def test_vllm_knows_the_test_only_setting(monkeypatch):
-    """Start-up neither warns about the setting nor, under
-    --fail-on-environ-validation, refuses it; vLLM reads it as the policy
-    does."""
-    import os
-
-    from vllm import envs
-
-    for name in [n for n in os.environ if n.startswith("VLLM_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv(policy.FORCE_SM12X_PAGES_ENV, "1")
-    _validate_environ(hard_fail=True)
-    assert getattr(envs, policy.FORCE_SM12X_PAGES_ENV) is True
-    monkeypatch.setenv(policy.FORCE_SM12X_PAGES_ENV, "0")
-    assert getattr(envs, policy.FORCE_SM12X_PAGES_ENV) is False
-    # The check is live: a setting vLLM does not know is refused.
-    monkeypatch.setenv("VLLM_DSV41_NO_SUCH_SETTING", "1")
-    with pytest.raises(ValueError, match="VLLM_DSV41_NO_SUCH_SETTING"):
-        _validate_environ(hard_fail=True)

@@ -10,13 +10,16 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
+from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+    _SPARSE_MLA_SUPPORTED_Q_HEADS as Q_HEADS,
+)
 from vllm.platforms.interface import DeviceCapability
-from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
 
 # The kernels' head counts and what each layer kind reads, written out here
 # so that the property does not restate the policy's own tables.
 HEAD_COUNTS = (8, 16, 32, 64, 128)
-PACKED = {"fp8", "fp8_e4m3", "fp8_ds_mla"}
+PACKED = {"auto", "fp8", "fp8_e4m3", "fp8_ds_mla"}
 PLAIN_ROWS = {"auto", "bfloat16", "fp8", "fp8_e4m3"}
 DTYPES = sorted(PACKED | PLAIN_ROWS | {"fp8_e5m2", "nvfp4_ds_mla", "", "int8"})
 
@@ -70,6 +73,7 @@ def test_plan_is_served_or_refused(major, minor, heads, tp, dtype, topks, envelo
     try:
         geometry = policy.negotiate(
             capability,
+            supported_heads=Q_HEADS,
             num_local_heads=local,
             kv_cache_dtype=dtype,
             swa_topks=topks,
@@ -78,24 +82,27 @@ def test_plan_is_served_or_refused(major, minor, heads, tp, dtype, topks, envelo
     except policy.UnsupportedSparseMLAConfig as e:
         assert str(e)  # the policy's own error, with a message
         return
-    plan = geometry.plan
+    plan = geometry
     envelope = envelope or policy.installed_sm120_envelope()
     # Heads: padded to a count the kernels take, never fewer than the model's.
     assert geometry.padded_heads in HEAD_COUNTS
     assert geometry.padded_heads >= local
     # The kernel exists for this GPU.
     if major == 10:
-        assert geometry.kernel_path == policy.TRTLLM_GEN
+        assert geometry.kernel == policy.SparseMLAKernel.TRTLLM_GEN
         assert dtype in PLAIN_ROWS
     else:
         assert dtype in PACKED
-        assert geometry.kernel_path in (policy.FLASHINFER_SM120, policy.TRITON)
-    if geometry.kernel_path == policy.TRITON:
+        assert geometry.kernel in (
+            policy.SparseMLAKernel.FLASHINFER_SM120,
+            policy.SparseMLAKernel.TRITON,
+        )
+    if geometry.kernel == policy.SparseMLAKernel.TRITON:
         assert capability.to_int() >= policy.TRITON_MIN_CAPABILITY
         if major == 12 and envelope is not None:
             # Only a shape FlashInfer lacks falls back, and it says why.
-            assert geometry.fallback_reason
-    if geometry.kernel_path == policy.FLASHINFER_SM120:
+            assert geometry.note
+    if geometry.kernel == policy.SparseMLAKernel.FLASHINFER_SM120:
         assert major == 12 and envelope is not None
         # Every decode shape of the model is FlashInfer's, on its pages.
         for topk in set(topks):
@@ -127,17 +134,18 @@ def test_model_validation_answers_or_refuses(
 ):
     """The start-up validation of a whole model: a geometry or the policy's
     error for any values a config or a command line can hold."""
-    from vllm.models.deepseek_v41.nvidia.sparse_mla_negotiation import (
-        negotiate_for_model,
+    from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+        DeepseekV4FlashInferMLASparseBackend,
     )
 
     hf_config = SimpleNamespace(
         num_attention_heads=heads, sliding_window=window, compress_ratios=ratios
     )
     try:
-        geometry = negotiate_for_model(
+        geometry = policy.negotiate_for_model(
             DeviceCapability(major, 0),
             hf_config,
+            DeepseekV4FlashInferMLASparseBackend.paged_backends(),
             tensor_parallel_size=tp,
             kv_cache_dtype="auto",
             use_non_causal=non_causal,

@@ -30,14 +30,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import vllm
 from vllm.logger import init_logger
 from vllm.platforms.interface import DeviceCapability
-from vllm.v1.attention.backends.mla import sparse_mla_page_policy as policy
+
+if TYPE_CHECKING:
+    from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
 
 # Configures vLLM's log handler now, so main() can point it at stderr before
 # the model modules (which log as they load) are imported.
@@ -50,13 +52,13 @@ DEFAULT_CONFIG = (
     / "configs"
     / "dsv41_small.json"
 )
-# What each kernel path calls, for the reader of the report.
+# What each kernel (SparseMLAKernel value) calls, for the reader of the report.
 KERNEL_PATHS = {
-    policy.TRTLLM_GEN: "FlashInfer TRTLLM-gen trtllm_batch_decode_sparse_mla_dsv4"
+    "flashinfer-trtllm-gen": "FlashInfer TRTLLM-gen trtllm_batch_decode_sparse_mla_dsv4"
     " (SWA + compressed in one index table)",
-    policy.FLASHINFER_SM120: "FlashInfer SM120 trtllm_batch_decode_sparse_mla_dsv4"
+    "flashinfer-sm120": "FlashInfer SM120 trtllm_batch_decode_sparse_mla_dsv4"
     " (two segments: SWA, then compressed)",
-    policy.TRITON: "the portable Triton kernel triton_sparse_mla_dsv41"
+    "triton": "the portable Triton kernel triton_sparse_mla_dsv41"
     " (two segments: SWA, then compressed)",
 }
 INDEXER_KERNEL = "DeepGEMM fp8_fp4_paged_mqa_logits (the sparse indexer)"
@@ -109,7 +111,7 @@ class Plan:
 def cache_specs(
     capability: DeviceCapability,
     hf_config: Any,
-    plan: policy.PagePlan,
+    plan: "pages.SparseMLAPlan",
     kv_cache_dtype: str,
     uses_fp8_ds_mla_layout: bool,
     block_size: int | None = None,
@@ -136,7 +138,7 @@ def cache_specs(
     cache_config = SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size)
     vllm_config = SimpleNamespace(cache_config=cache_config)
     # SM10x stores the 528-byte MXFP8 record, others the 584-byte one.
-    mxfp8 = policy.is_sm100(capability)
+    mxfp8 = capability.major == 10
     record_bytes = 528 if mxfp8 else 584
     # What the layers' own ``get_kv_cache_spec`` read: the record's width
     # under its vLLM 0.30 name and its 0.33 names (the SWA and compressed
@@ -257,40 +259,46 @@ def make_plan(
     num_speculative_tokens: int | None = None,
     use_non_causal: bool = False,
     block_size: int | None = None,
-    envelope: policy.SM120Envelope | None = None,
+    envelope: "pages.SM120Envelope | None" = None,
 ) -> Plan:
     """The plan start-up makes on a GPU of ``capability``."""
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_negotiation
+    from vllm.models.deepseek_v41.attention import _resolve_dsv4_kv_cache_dtype
+    from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
+    from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+        DeepseekV4FlashInferMLASparseBackend as backend,
+    )
 
     report = Plan(
         capability=f"{capability.major}.{capability.minor}",
         local_heads=hf_config.num_attention_heads // max(tensor_parallel_size, 1),
     )
     try:
-        attention_cls = sparse_mla_negotiation.attention_class_for(capability)
-        geometry = sparse_mla_negotiation.negotiate_for_model(
+        attention_cls = attention_class_for(capability)
+        plan = pages.negotiate_for_model(
             capability,
             hf_config,
+            backend.paged_backends(),
             tensor_parallel_size=tensor_parallel_size,
             kv_cache_dtype=kv_cache_dtype,
             use_non_causal=use_non_causal,
             num_speculative_tokens=num_speculative_tokens,
             block_size=block_size,
-            attention_cls=attention_cls,
             envelope=envelope,
         )
-    except policy.UnsupportedSparseMLAConfig as e:
+        cache_dtype, _ = _resolve_dsv4_kv_cache_dtype(
+            attention_cls.use_fp8_ds_mla_layout, kv_cache_dtype, None
+        )
+    except (pages.UnsupportedSparseMLAConfig, ValueError) as e:
         report.error = str(e)
         return report
 
-    plan = geometry.plan
     report.attention_class = f"{attention_cls.__module__}.{attention_cls.__name__}"
-    report.kernel_path = KERNEL_PATHS[geometry.kernel_path]
-    report.note = geometry.fallback_reason
+    report.kernel_path = KERNEL_PATHS[plan.kernel.value]
+    report.note = plan.note
     report.flashinfer = plan.envelope.source if plan.envelope else None
-    report.padded_heads = geometry.padded_heads
-    report.kv_cache_dtype = geometry.kv_cache_dtype
-    report.swa_topks = list(geometry.swa_topks)
+    report.padded_heads = plan.padded_heads
+    report.kv_cache_dtype = cache_dtype
+    report.swa_topks = list(plan.swa_topks)
     specs = cache_specs(
         capability,
         hf_config,
@@ -327,9 +335,9 @@ def make_plan(
                 spec.page_size_bytes,
             )
         )
-    indexer = policy.plan_indexer_pages(capability)
+    indexer = plan.indexer
     indexer_specs = indexer_cache_specs(
-        hf_config, block_size or default_block_size(plan), geometry.kv_cache_dtype
+        hf_config, block_size or default_block_size(plan), cache_dtype
     )
     for ratio in sorted({s.tokens_per_state for s in indexer_specs.values()}):
         named = {n: s for n, s in indexer_specs.items() if s.tokens_per_state == ratio}
@@ -348,22 +356,31 @@ def make_plan(
     return report
 
 
-def default_block_size(plan: policy.PagePlan) -> int:
+def attention_class_for(capability: DeviceCapability) -> type:
+    """The layer ``FLASHINFER_MLA_SPARSE_DSV41`` builds on ``capability``
+    (``_select_dsv4_attn_cls``): TRTLLM-gen's on SM10x, the two-segment layer
+    everywhere else."""
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+
+    if capability.major == 10:
+        return fi.DeepseekV4FlashInferMLAAttention
+    return fi.DeepseekV4FlashInferSM120Attention
+
+
+def default_block_size(plan: "pages.SparseMLAPlan") -> int:
     """The --block-size vLLM picks when the user sets none: the backend's
     preferred size for the plan's kernel pages (upstream's without a plan of
     its own, as on a GPU-less host)."""
     from vllm.config.cache import CacheConfig
+    from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
     from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
         DeepseekV4FlashInferMLASparseBackend,
     )
-    from vllm.models.deepseek_v41.nvidia.sparse_mla_negotiation import (
-        preferred_block_size,
-    )
 
-    kernel_sizes = plan.kernel_block_sizes(policy.DSV41_COMPRESS_RATIOS) or (
+    kernel_sizes = plan.kernel_block_sizes() or (
         DeepseekV4FlashInferMLASparseBackend.get_supported_kernel_block_sizes()
     )
-    return preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE, kernel_sizes)
+    return pages.preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE, kernel_sizes)
 
 
 def render(report: Plan) -> str:
