@@ -277,7 +277,7 @@ def _kernel_world(
         for i in picks[t]:
             mask[t, num_swa + comp_base[r] + i] = True
 
-    padded = policy.pad_q_heads(case.heads)
+    padded = policy.pad_q_heads(case.heads, fi._SPARSE_MLA_SUPPORTED_Q_HEADS)
     qdtype = torch.float8_e4m3fn if case.kv == "fp8" else torch.bfloat16
     q = torch.zeros(num_tokens, padded, D, dtype=qdtype)
     q[:, : case.heads] = torch.randn(num_tokens, case.heads, D, generator=gen).to(
@@ -550,9 +550,9 @@ def _forward_on_gpu(
             sliding_window=WINDOW,
             compress_ratios=[case.ratio],
         ),
+        fi.DeepseekV4FlashInferMLASparseBackend.paged_backends(),
         tensor_parallel_size=1,
         kv_cache_dtype="fp8" if case.kv in ("packed", "fp8") else "auto",
-        attention_cls=layer_cls,
     )
     kernel = force_kernel or geometry.kernel
     seed = random.SystemRandom().randrange(2**31)
