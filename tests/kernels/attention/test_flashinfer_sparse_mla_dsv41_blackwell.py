@@ -588,9 +588,7 @@ def _forward_on_gpu(
         return flashinfer(**kwargs)
 
     def triton_counting(**kwargs: Any) -> Any:
-        calls.append(
-            (policy.SparseMLAKernel.TRITON, int(kwargs["swa_kv_cache"].shape[1]))
-        )
+        calls.append(("triton", int(kwargs["swa_kv_cache"].shape[1])))
         return run_triton(**kwargs)
 
     monkeypatch.setattr(sparse_mla_launcher, "run_triton", triton_counting)
