@@ -450,7 +450,7 @@ TUNED_POINTS = (
 def _load_kernel(path: str):
     """A kernel module from a file (a variant), bound to the real Triton."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tools.kernels.dsv41_sparse_mla_offline import load_kernel_module
+    from tests.kernels.attention.dsv41_offline_compile import load_kernel_module
 
     return load_kernel_module(path)
 

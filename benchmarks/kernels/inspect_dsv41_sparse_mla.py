@@ -23,7 +23,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.kernels.dsv41_sparse_mla_offline import (  # noqa: E402
+from tests.kernels.attention.dsv41_offline_compile import (  # noqa: E402
     SHARED_BYTES_PER_BLOCK,
     compile_tile,
     load_kernel_module,

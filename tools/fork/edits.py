@@ -280,18 +280,18 @@ EDITS: tuple[Edit, ...] = (
     Edit(
         SPARSE_MLA,
         "",
-        INSERT_AFTER,
+        INSERT_BEFORE,
         """
         from vllm.models.deepseek_v41.nvidia.sparse_mla_pages import SparseMLAPlan
         """,
         VALIDATION,
         "the plan a backend's negotiation returns",
-        anchor="from vllm.v1.kv_cache_interface import AttentionSpec",
+        anchor="from vllm.platforms import current_platform",
     ),
     Edit(
         FLASHINFER,
         "",
-        INSERT_AFTER,
+        INSERT_BEFORE,
         """
         from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
         """,

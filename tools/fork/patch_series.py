@@ -36,28 +36,72 @@ from tools.fork.common import (  # noqa: E402
 )
 from tools.fork.edit_engine import apply_edits  # noqa: E402
 from tools.fork.edits import CONCERNS, EDITS, PAGES, TRITON, VALIDATION  # noqa: E402
+from tools.fork.module_stages import earlier_stage  # noqa: E402
 
 # The repository's files each patch adds, by concern (glob patterns).
 SERIES_FILES: dict[str, tuple[str, ...]] = {
     PAGES: (
         "vllm/v1/attention/backends/mla/indexer_pages.py",
         "vllm/models/deepseek_v41/nvidia/sparse_mla_pages.py",
-        "tests/v1/attention/backends/mla/test_sparse_mla_page_policy.py",
-        "tests/v1/attention/dsv41/*.py",
         "tests/models/deepseek_v41/conftest.py",
+        "tests/models/deepseek_v41/test_indexer_cache_pages.py",
+        "tests/models/deepseek_v41/test_sparse_mla_pages.py",
+        "tests/v1/attention/dsv41/flashinfer_release.py",
     ),
-    VALIDATION: ("tests/models/deepseek_v41/test_flashinfer_sparse.py",),
+    VALIDATION: (
+        "tests/models/deepseek_v41/layer_config.py",
+        "tests/models/deepseek_v41/test_sparse_mla_validation.py",
+    ),
     TRITON: (
         "vllm/models/deepseek_v41/nvidia/sparse_mla_launcher.py",
         "vllm/v1/attention/ops/triton_dsv41_sparse_mla.py",
         "tests/models/deepseek_v41/test_sparse_mla_launcher.py",
+        "tests/models/deepseek_v41/test_sparse_mla_triton_fallback.py",
+        "tests/v1/attention/dsv41/*.py",
         "tests/kernels/attention/test_*dsv41*.py",
         "tests/kernels/attention/test_gpu_tests_use_live_names.py",
-        "tools/kernels/dsv41_sparse_mla_offline.py",
+        "tests/kernels/attention/dsv41_offline_compile.py",
         "benchmarks/kernels/*dsv41_sparse_mla*.py",
         # The benchmark's FlashMLA peer, run from a module built elsewhere.
         "benchmarks/kernels/flashmla_peer.py",
     ),
+}
+# New modules that a later patch extends, and the definitions each later
+# concern adds to them: an earlier patch adds the module without those
+# (tools/fork/module_stages.py), so it holds only its own concern.
+PAGES_MODULE = "vllm/models/deepseek_v41/nvidia/sparse_mla_pages.py"
+LATER_DEFINITIONS: dict[str, dict[str, tuple[str, ...]]] = {
+    PAGES_MODULE: {
+        VALIDATION: (
+            "PLAIN_ROW_KV_CACHE_DTYPES",
+            "PACKED_KV_CACHE_DTYPES",
+            "BLOCK_SIZE_CHOICES",
+            "SparseMLAPlan.padded_heads",
+            "SparseMLAPlan.swa_topks",
+            "SparseMLAPlan.kv_cache_dtype",
+            "_refuse",
+            "pad_q_heads",
+            "check_kv_cache_dtype",
+            "swa_topks",
+            "negotiate",
+            "_check_model_shape",
+            "negotiate_for_model",
+            "PagedBackends",
+            "_block_size_refusal",
+            "check_block_size",
+            "negotiate_layer",
+            "supports_compute_capability",
+            "unsupported_reason",
+        ),
+        TRITON: (
+            "TRITON_MIN_CAPABILITY",
+            "SparseMLAKernel.TRITON",
+            "SparseMLAPlan.note",
+            "SparseMLAPlan.serves",
+            "_triton_plan",
+            "_triton_for_unserved_shapes",
+        ),
+    },
 }
 # Files of the fork that upstream does not need: the pre-0.30.0 import path,
 # package markers (upstream's tests/ and tools/ are not packages), and the
@@ -67,11 +111,15 @@ FORK_ONLY = (
     "tests/models/deepseek_v4_1/*",
     "*__init__.py",
     "vllm/v1/attention/backends/mla/sparse_mla_plan_report.py",
+    "vllm_dsv41_plan/*",
     "vllm/models/deepseek_v41/configs/*.json",
     "tests/models/deepseek_v41/test_report.py",
     "tests/models/deepseek_v41/test_plan_report_cli.py",
     "tests/models/deepseek_v41/test_indexer_pages.py",
     "tests/models/deepseek_v41/test_kv_cache_planning.py",
+    # Minutes of Triton's interpreter on CPU; the series runs the same decode
+    # on the GPU (tests/kernels/attention/test_dsv41_many_step_decode.py).
+    "tests/v1/attention/dsv41/test_many_step_decode.py",
 )
 
 # Each patch's title and why it exists (the commit message). PAGES says what
@@ -176,6 +224,18 @@ def series_files() -> dict[str, list[str]]:
     return out
 
 
+def staged_modules(concern: str) -> dict[str, str]:
+    """The new modules that later patches extend, as the patch of
+    ``concern`` leaves them."""
+    later = CONCERNS[CONCERNS.index(concern) + 1 :]
+    out = {}
+    for path, added in LATER_DEFINITIONS.items():
+        if _concern_of(path) in CONCERNS[: CONCERNS.index(concern) + 1]:
+            removed = [name for c in later for name in added.get(c, ())]
+            out[path] = earlier_stage((REPO / path).read_text(), removed)
+    return out
+
+
 def extract_pristine(wheel: Path, tree: Path) -> None:
     """The wheel's ``vllm`` package without its compiled parts."""
     with zipfile.ZipFile(wheel) as zf:
@@ -265,6 +325,8 @@ def generate(out_dir: Path, author: str | None = None) -> list[Path]:
             for path in files[concern]:
                 (tree / path).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(REPO / path, tree / path)
+            for path, text in staged_modules(concern).items():
+                (tree / path).write_text(text)
             title, body = _message(concern, sm120_pages_fixed(pin.FLASHINFER_VERSION))
             _git(tree, "add", "-A")
             if concern == PAGES:

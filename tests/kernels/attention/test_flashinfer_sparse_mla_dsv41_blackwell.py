@@ -70,9 +70,6 @@ from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.platforms.interface import DeviceCapability
 
-# Every test here needs a CUDA GPU (the reason of each skip names which).
-pytestmark = pytest.mark.gpu
-
 D = 512
 WINDOW = SWA_COLUMNS  # DeepSeek V4.1 slides a 128-token window
 SCALE = D**-0.5

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import random
 import sys
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.v1.attention.dsv41.flashinfer_release import VLLM, fixed_pages
+from tests.v1.attention.dsv41.flashinfer_release import fixed_pages
 from tests.v1.attention.dsv41.index_reference import (
     reference_build_flashinfer_mixed_sparse_indices,
     reference_compute_global_topk_indices_and_lens,
@@ -49,6 +50,7 @@ from tests.v1.attention.dsv41.sparse_mla_reference import (
     write_fp8_ds_mla,
     write_plain_pool,
 )
+from vllm.models.deepseek_v41.common.ops import cache_utils
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 
 ATTENTION_MODULE = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
@@ -419,19 +421,21 @@ def patched(monkeypatch):
     return install
 
 
-# vLLM 0.33's TRTLLM-gen forward builds KV storage-offset indices over SWA
-# replay windows; the reference index builders model 0.30's element indices.
-_SM10X_ON_033 = pytest.mark.skipif(
-    not VLLM.startswith("0.30."),
-    reason=f"vLLM {VLLM}'s TRTLLM-gen forward uses storage-offset indices the "
-    "reference index builders do not model",
+# A TRTLLM-gen forward whose mixed index builder bounds SWA replay
+# (``replay_start``) builds KV storage-offset indices; the reference index
+# builders model element indices only.
+_SM10X_STORAGE_OFFSETS = pytest.mark.skipif(
+    "replay_start"
+    in inspect.signature(cache_utils.build_flashinfer_mixed_sparse_indices).parameters,
+    reason="this TRTLLM-gen forward uses storage-offset indices the reference "
+    "index builders do not model",
 )
 
 
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(n, marks=_SM10X_ON_033) if c.cls == "sm10x" else n
+        pytest.param(n, marks=_SM10X_STORAGE_OFFSETS) if c.cls == "sm10x" else n
         for n, c in CASES.items()
     ],
 )

@@ -3,13 +3,12 @@
 """KV-cache pages and kernel choice for DeepSeek V4.1 sparse MLA on NVIDIA.
 
 Every kernel that reads a DeepSeek V4.1 KV-cache page has its own rule:
-FlashInfer's SM120 sparse-MLA kernels (fixed 64-token pages before run-time
-pages), the TRTLLM-gen kernels on SM10x (any page), the portable Triton kernel
-(any page) and DeepGEMM's paged MQA logits, which read the indexer's K cache in
-pages of a fixed number of compressed states (``indexer_pages``). This module
-answers, for a GPU and the installed libraries, the page of each cache, which
-kernel serves the model, or the one error start-up raises; the backends' hooks
-and the layers' start-up check ask it and nothing else decides a page size.
+FlashInfer's SM120 sparse-MLA kernels (one page size, or any, by release), the
+TRTLLM-gen kernels on SM10x (any page) and DeepGEMM's paged MQA logits, which
+read the indexer's K cache in pages of a fixed number of compressed states
+(``indexer_pages``). This module answers, for a GPU and the installed
+libraries, the page of each cache and the kernel that reads it; the backends'
+hooks ask it and nothing else decides a page size.
 """
 
 import ast
@@ -197,14 +196,11 @@ def sm120_unavailable_reason(bytes_per_token: int = 584) -> str | None:
 
 @dataclass(frozen=True)
 class SparseMLAPlan:
-    """The negotiated KV-cache geometry and kernel on one GPU.
+    """The KV-cache pages and kernel of DeepSeek V4.1 on one GPU.
 
-    ``fixed_page`` is set when the kernel is built for one page: then the
+    ``fixed_page`` is set when the kernel is built for one page size: then the
     sliding-window cache has pages of that many tokens and the compressed KV
-    that many states per page; None keeps vLLM's pages. The model fields
-    (``padded_heads``, ``swa_topks``, ``kv_cache_dtype``) are filled in by
-    :func:`negotiate`; ``note`` says once, at start-up, why the kernel is not
-    the GPU's usual one.
+    that many states per page; None keeps vLLM's pages.
     """
 
     capability: DeviceCapability
@@ -212,10 +208,12 @@ class SparseMLAPlan:
     fixed_page: int | None
     indexer: IndexerPages
     envelope: SM120Envelope | None = None
-    note: str | None = None
+    # The model's shapes, once negotiate() has checked them.
     padded_heads: int | None = None
     swa_topks: tuple[int, ...] = ()
     kv_cache_dtype: str | None = None
+    # Why the kernel is not the GPU's usual one, logged once at start-up.
+    note: str | None = None
 
     @property
     def swa_block_size(self) -> int:
@@ -251,39 +249,49 @@ class SparseMLAPlan:
 def plan_pages(
     capability: DeviceCapability, envelope: SM120Envelope | None = None
 ) -> SparseMLAPlan:
-    """The pages and kernel for ``capability``; raises if no kernel runs there.
-
-    ``envelope`` defaults to the installed FlashInfer's (SM12x only).
-    """
+    """Return the pages and kernel for ``capability``; raise if no kernel runs
+    there. ``envelope`` defaults to the installed FlashInfer's (SM12x only)."""
     indexer = indexer_pages(capability)
     if capability.major == 10:
         # TRTLLM-gen takes the page size at run time.
         return SparseMLAPlan(capability, SparseMLAKernel.TRTLLM_GEN, None, indexer)
-    note = None
     if capability.major == 12:
         envelope = envelope or installed_sm120_envelope()
-        if envelope is not None:
-            page = min(envelope.page_sizes) if envelope.page_sizes else None
-            return SparseMLAPlan(
-                capability, SparseMLAKernel.FLASHINFER_SM120, page, indexer, envelope
-            )
+        if envelope is None:
+            return _triton_plan(capability, indexer)
+        page = min(envelope.page_sizes) if envelope and envelope.page_sizes else None
+        return SparseMLAPlan(
+            capability, SparseMLAKernel.FLASHINFER_SM120, page, indexer, envelope
+        )
+    if capability.to_int() >= TRITON_MIN_CAPABILITY:
+        return _triton_plan(capability, indexer)
+    served = (
+        "SM10x (B200, GB200) and SM12x (RTX 50xx, RTX PRO 6000, GB10) through "
+        "FlashInfer"
+    )
+    served += (
+        f", and on other GPUs from SM{TRITON_MIN_CAPABILITY} on (L40S, H100, "
+        "H200) through the portable Triton kernel"
+    )
+    raise UnsupportedSparseMLAConfig(
+        f"{BACKEND_NAME} runs on {served}; this GPU is SM{capability.to_int()}. "
+        "Choose another --attention-backend (FLASHMLA_SPARSE_DSV41 where "
+        "FlashMLA runs)."
+    )
+
+
+def _triton_plan(capability: DeviceCapability, indexer: IndexerPages) -> SparseMLAPlan:
+    """The portable Triton kernel, which reads any page; on SM12x it stands in
+    for FlashInfer's SM120 kernels, and the plan's note says why."""
+    note = None
+    if capability.major == 12:
         note = (
             f"{sm120_unavailable_reason() or 'no FlashInfer SM120 kernels'}, so "
             "the portable Triton kernel runs DeepSeek V4.1's sparse MLA on this "
             f"SM{capability.to_int()} GPU. For FlashInfer's kernels install "
             "the flashinfer-python release this vLLM pins."
         )
-    if capability.to_int() >= TRITON_MIN_CAPABILITY:
-        return SparseMLAPlan(
-            capability, SparseMLAKernel.TRITON, None, indexer, note=note
-        )
-    raise UnsupportedSparseMLAConfig(
-        f"{BACKEND_NAME} runs on SM10x (B200, GB200) and SM12x (RTX 50xx, RTX "
-        "PRO 6000, GB10) through FlashInfer, and on other GPUs from SM89 on "
-        "(L40S, H100, H200) through the portable Triton kernel; this GPU is "
-        f"SM{capability.to_int()}. Choose another --attention-backend "
-        "(FLASHMLA_SPARSE_DSV41 where FlashMLA runs)."
-    )
+    return SparseMLAPlan(capability, SparseMLAKernel.TRITON, None, indexer, note=note)
 
 
 def current_plan() -> SparseMLAPlan | None:
@@ -348,28 +356,38 @@ def negotiate(
     swa_topks: Iterable[int],
     envelope: SM120Envelope | None = None,
 ) -> SparseMLAPlan:
-    """The plan for a model of these attention shapes, or one error naming the
-    fix. A shape FlashInfer's SM120 kernels lack runs on the Triton kernel."""
+    """Return the plan for a model of these attention shapes, or raise one
+    error naming the fix."""
     plan = plan_pages(capability, envelope)
     check_kv_cache_dtype(capability, kv_cache_dtype)
-    padded = pad_q_heads(num_local_heads, supported_heads)
-    topks = tuple(sorted(set(swa_topks)))
     plan = dataclasses.replace(
-        plan, padded_heads=padded, swa_topks=topks, kv_cache_dtype=kv_cache_dtype
+        plan,
+        padded_heads=pad_q_heads(num_local_heads, supported_heads),
+        swa_topks=tuple(sorted(set(swa_topks))),
+        kv_cache_dtype=kv_cache_dtype,
     )
-    missing = [k for k in topks if not plan.serves(padded, k)]
-    if missing and plan.envelope is not None:
-        plan = dataclasses.replace(
-            plan,
-            kernel=SparseMLAKernel.TRITON,
-            note=(
-                f"{plan.envelope.source} has no SM120 decode kernel for {padded} "
-                f"heads with top-k {missing} (it serves {plan.envelope.served}), "
-                "so the Triton kernel runs this model. For FlashInfer's kernel, "
-                "change the speculative token count or upgrade FlashInfer."
-            ),
-        )
+    plan = _triton_for_unserved_shapes(plan)
     return plan
+
+
+def _triton_for_unserved_shapes(plan: SparseMLAPlan) -> SparseMLAPlan:
+    """Move a model to the Triton kernel when FlashInfer's SM120 kernels lack
+    one of its decode shapes."""
+    assert plan.padded_heads is not None
+    heads = plan.padded_heads
+    missing = [k for k in plan.swa_topks if not plan.serves(heads, k)]
+    if not missing or plan.envelope is None:
+        return plan
+    return dataclasses.replace(
+        plan,
+        kernel=SparseMLAKernel.TRITON,
+        note=(
+            f"{plan.envelope.source} has no SM120 decode kernel for {heads} "
+            f"heads with top-k {missing} (it serves {plan.envelope.served}), "
+            "so the Triton kernel runs this model. For FlashInfer's kernel, "
+            "change the speculative token count or upgrade FlashInfer."
+        ),
+    )
 
 
 def _check_model_shape(hf_config: Any, tensor_parallel_size: int) -> int:

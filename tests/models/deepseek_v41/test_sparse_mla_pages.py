@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The page-size policy against the installed FlashInfer: 0.6.18.post1's
-fixed tables on vLLM 0.30.0, 0.7.2.post1's runtime configuration on 0.33.0."""
+"""DeepSeek V4.1 KV-cache pages on NVIDIA: the page policy against the
+installed FlashInfer, and the backends and caches that take its pages."""
 
 import importlib.util
 import re
@@ -10,20 +10,25 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from tests.v1.attention.dsv41.flashinfer_release import (
+    FIXED_SM120_PAGE,
     RUNTIME_MAX_HEADS,
     RUNTIME_MIN_TOPK,
     fixed_pages,
     runtime_pages,
 )
-from tests.v1.attention.dsv41.sm12x_pages import force_sm12x_pages
+from vllm.models.deepseek_v41 import attention as dsv41_attention
+from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
-from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
-    _SPARSE_MLA_SUPPORTED_Q_HEADS as Q_HEADS,
-)
+from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
 from vllm.platforms.interface import DeviceCapability
+from vllm.v1.attention.backend import MultipleOf
+from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
+MLA = fi.DeepseekV4FlashInferMLASparseBackend
+SWA120 = fi.DeepseekSparseSWAFlashInferSM120Backend
 SM90, SM100, SM103 = DeviceCapability(9, 0), DeviceCapability(10, 0), (10, 3)
 SM120, SM121 = DeviceCapability(12, 0), DeviceCapability(12, 1)
 
@@ -74,51 +79,11 @@ def test_sm10x_keeps_upstream_pages(capability):
     assert plan.compressed_block_size(2) is None
 
 
-@pytest.mark.parametrize("capability", [SM90, DeviceCapability(8, 9)])
-def test_gpus_without_flashinfer_kernels_run_triton(capability):
-    plan = policy.plan_pages(capability)
-    assert plan.kernel == policy.SparseMLAKernel.TRITON
-    assert plan.swa_block_size == 32  # the Triton kernel takes any page
-    assert plan.compressed_block_size(2) is None
-
-
 @pytest.fixture
 def fresh_flashinfer_probe():
     policy._installed_sm120.cache_clear()
     yield
     policy._installed_sm120.cache_clear()
-
-
-def test_sm12x_without_flashinfer_runs_triton_and_says_why(
-    monkeypatch, fresh_flashinfer_probe
-):
-    monkeypatch.setattr(policy, "_flashinfer_version", lambda: None)
-    geometry = policy.negotiate(
-        SM120,
-        supported_heads=Q_HEADS,
-        num_local_heads=64,
-        kv_cache_dtype="fp8",
-        swa_topks=[128],
-    )
-    assert geometry.kernel == policy.SparseMLAKernel.TRITON
-    assert geometry.note.startswith("FlashInfer is not installed")
-    assert "portable Triton kernel" in geometry.note
-
-
-def test_flashinfer_without_sm120_configs_is_said_with_its_error(
-    monkeypatch, fresh_flashinfer_probe
-):
-    """A FlashInfer with neither fixed tables nor the configuration API runs
-    the Triton kernel and the note names why."""
-    monkeypatch.setattr(policy, "_flashinfer_version", lambda: "0.7.9")
-    monkeypatch.setattr(policy, "_read_dispatch_table", lambda version: None)
-    monkeypatch.setitem(sys.modules, "flashinfer.mla", None)  # import fails
-    plan = policy.plan_pages(SM121)
-    assert plan.kernel is policy.SparseMLAKernel.TRITON
-    assert "flashinfer 0.7.9 offers no SM120 sparse-MLA configuration" in plan.note
-    assert "ModuleNotFoundError" in plan.note
-    # Off SM12x nothing about FlashInfer's SM120 kernels is said.
-    assert policy.plan_pages(SM90).note is None
 
 
 def test_broken_flashinfer_configuration_is_not_a_silent_fallback(
@@ -145,7 +110,7 @@ def test_older_architectures_are_refused(capability):
     with pytest.raises(policy.UnsupportedSparseMLAConfig) as e:
         policy.plan_pages(capability)
     message = str(e.value)
-    assert "SM10x" in message and "SM12x" in message and "SM89" in message
+    assert "SM10x" in message and "SM12x" in message
     assert f"SM{capability.to_int()}" in message
     assert "FLASHMLA_SPARSE_DSV41" in message
 
@@ -216,38 +181,14 @@ def test_installed_runtime_envelope_limits(heads, topk, served):
     assert envelope.serves(heads, topk) is served
 
 
-@runtime_pages
-def test_shapes_the_fixed_tables_lacked_run_flashinfer():
-    for topks in ([1152], [384], [128, 160]):
-        geometry = policy.negotiate(
-            SM120,
-            supported_heads=Q_HEADS,
-            num_local_heads=64,
-            kv_cache_dtype="fp8",
-            swa_topks=topks,
-        )
-        assert geometry.kernel == policy.SparseMLAKernel.FLASHINFER_SM120, topks
-        assert geometry.note is None
-
-
 def test_runtime_page_flashinfer_keeps_upstream_pages():
     envelope = policy.SM120Envelope.from_decode_config("0.7.2", _decode_config())
     plan = policy.plan_pages(SM120, envelope)
     assert envelope.page_sizes is None
+    assert plan.kernel is policy.SparseMLAKernel.FLASHINFER_SM120
     assert plan.swa_block_size == 32
     assert plan.compressed_block_size(1) is None
     assert plan.compressed_block_size(2) is None
-    # Runtime top-k: anything >= 1 is FlashInfer's.
-    negotiated = policy.negotiate(
-        SM120,
-        supported_heads=Q_HEADS,
-        num_local_heads=64,
-        kv_cache_dtype="fp8",
-        swa_topks=[128, 200],
-        envelope=envelope,
-    )
-    assert negotiated.kernel is policy.SparseMLAKernel.FLASHINFER_SM120
-    assert negotiated.note is None
 
 
 def test_fixed_page_decode_config_sets_pages():
@@ -261,107 +202,86 @@ def test_fixed_page_decode_config_sets_pages():
     assert plan.compressed_block_size(2) == 128
 
 
-@pytest.mark.parametrize(
-    "total_heads, tp",
-    [(h, tp) for h in (8, 16, 24, 32, 48, 64, 96, 128) for tp in (1, 2, 4, 8)],
-)
-def test_heads_pad_to_the_next_supported_count(total_heads, tp):
-    local = total_heads // tp
-    expected = max(8, 1 << (local - 1).bit_length())  # next power of two >= 8
-    geometry = policy.negotiate(
-        SM120,
-        supported_heads=Q_HEADS,
-        num_local_heads=local,
-        kv_cache_dtype="fp8_ds_mla",
-        swa_topks=[128],
+def test_backend_and_layer_classes():
+    assert MLA.get_name() == "FLASHINFER_MLA_SPARSE_DSV41"
+    assert issubclass(SWA120, fi.DeepseekSparseSWAFlashInferBackend)
+    assert fi.DeepseekV4FlashInferSM120Attention.swa_backend_cls is SWA120
+    # SM10x keeps upstream's SWA backend.
+    assert (
+        fi.DeepseekV4FlashInferMLAAttention.swa_backend_cls
+        is fi.DeepseekSparseSWAFlashInferBackend
     )
-    assert geometry.padded_heads == expected
-    assert expected in (8, 16, 32, 64, 128)
-
-
-@pytest.mark.parametrize("heads", [129, 192, 256])
-def test_more_than_128_local_heads_are_refused(heads):
-    with pytest.raises(policy.UnsupportedSparseMLAConfig) as e:
-        policy.negotiate(
-            SM100,
-            supported_heads=Q_HEADS,
-            num_local_heads=heads,
-            kv_cache_dtype="auto",
-            swa_topks=[128],
-        )
-    message = str(e.value)
-    assert str(heads) in message
-    assert "[8, 16, 32, 64, 128]" in message
-    assert "--tensor-parallel-size" in message
+    assert MLA.get_builder_cls() is fi.DeepseekV4FlashInferSparseMLAMetadataBuilder
 
 
 @fixed_pages
-def test_unserved_topk_falls_back_to_triton_naming_the_supported_values():
-    geometry = policy.negotiate(
-        SM120,
-        supported_heads=Q_HEADS,
-        num_local_heads=64,
-        kv_cache_dtype="fp8",
-        swa_topks=[128, 160],
-    )
-    assert geometry.kernel == policy.SparseMLAKernel.TRITON
-    # Pages stay FlashInfer's, so the cache geometry does not depend on it.
-    assert geometry.swa_block_size == 64
-    reason = geometry.note
-    assert "top-k [160]" in reason
-    assert "[128, 192, 256, 512, 1024]" in reason
-    assert "0.6.18" in reason
-
-
-def test_served_topk_runs_flashinfer():
-    geometry = policy.negotiate(
-        SM121,
-        supported_heads=Q_HEADS,
-        num_local_heads=16,
-        kv_cache_dtype="fp8",
-        swa_topks=[128],
-    )
-    assert (geometry.kernel, geometry.note) == (
-        policy.SparseMLAKernel.FLASHINFER_SM120,
-        None,
-    )
+@pytest.mark.parametrize("minor", [0, 1])
+def test_sm12x_backend_hooks(set_capability, minor):
+    set_capability(12, minor)
+    assert MLA.get_supported_kernel_block_sizes() == [128, 64]
+    # --block-size stays 128: it also sizes the indexer K caches.
+    assert MLA.get_preferred_block_size(16) == 128
+    assert MLA.get_preferred_block_size(64) == 64
+    assert MLA.get_compressed_block_size(0) is None
+    assert MLA.get_compressed_block_size(1) == 64
+    assert MLA.get_compressed_block_size(2) == 128
+    assert SWA120.get_supported_kernel_block_sizes() == [64]
+    assert SWA120.get_preferred_block_size(16) == 64
+    assert SWA120.get_swa_block_size() == 64
 
 
 @pytest.mark.parametrize(
-    "capability, dtype, accepted",
-    [
-        (SM100, "auto", True),
-        (SM100, "bfloat16", True),
-        (SM100, "fp8", True),
-        (SM100, "fp8_e4m3", True),
-        (SM100, "fp8_ds_mla", False),
-        (SM120, "fp8", True),
-        (SM120, "fp8_e4m3", True),
-        (SM120, "fp8_ds_mla", True),
-        (SM120, "auto", True),  # the packed layout resolves auto to fp8_ds_mla
-        (SM120, "bfloat16", False),
-        (SM121, "fp8_ds_mla", True),
-        (SM121, "bfloat16", False),
-        (SM90, "fp8_ds_mla", True),  # the Triton path reads packed records
-        (SM90, "bfloat16", False),
-    ],
+    "capability",
+    [(10, 0)] + ([(12, 0), (12, 1)] if FIXED_SM120_PAGE is None else []),
 )
-def test_kv_cache_dtypes_per_architecture(capability, dtype, accepted):
-    if accepted:
-        policy.check_kv_cache_dtype(capability, dtype)
+def test_backend_hooks_are_upstreams_where_kernels_take_any_page(
+    set_capability, capability
+):
+    """SM10x, and SM12x with a FlashInfer that takes the page at run time."""
+    set_capability(*capability)
+    assert MLA.get_supported_kernel_block_sizes() == [128]
+    assert MLA.get_preferred_block_size(16) == 128
+    assert MLA.get_compressed_block_size(1) is None
+    assert SWA120.get_swa_block_size() == 32
+    sizes = SWA120.get_supported_kernel_block_sizes()
+    assert len(sizes) == 1 and isinstance(sizes[0], MultipleOf)
+    assert sizes[0].base == 32
+
+
+def test_other_backends_keep_upstream_pages(set_capability):
+    set_capability(12, 0)
+    flashmla_swa = DeepseekV4FlashMLAAttention.swa_backend_cls
+    assert flashmla_swa.get_swa_block_size() == 32
+    assert DeepseekV4FlashMLAAttention.backend_cls.get_compressed_block_size(1) is None
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+@pytest.mark.parametrize("major, expected_states", [(12, FIXED_SM120_PAGE), (10, None)])
+def test_compressed_kv_spec_takes_the_negotiated_page(
+    set_capability, ratio, major, expected_states
+):
+    """Upstream's own ``get_kv_cache_spec`` (edited) on a kv-source layer."""
+    set_capability(major, 0)
+    layer = SimpleNamespace(
+        is_kv_source=True,
+        backend_cls=MLA,
+        compress_ratio=ratio,
+        head_dim=512,
+        kv_cache_dtype="fp8_ds_mla",
+        kv_cache_torch_dtype=torch.uint8,
+        kv_page_alignment=576,
+        # The record's width: one name on vLLM 0.30, two from 0.33.
+        kv_bytes_per_token=584,
+        swa_bytes_per_token=584,
+        compressed_bytes_per_token=584,
+    )
+    vllm_config = SimpleNamespace(cache_config=SimpleNamespace(block_size=128))
+    spec = dsv41_attention.DeepseekV4Attention.get_kv_cache_spec(layer, vllm_config)
+    assert isinstance(spec, MLAAttentionSpec)
+    assert spec.tokens_per_state == ratio
+    if expected_states is None:
+        assert spec.block_size == 128  # upstream's --block-size page
         return
-    with pytest.raises(policy.UnsupportedSparseMLAConfig) as e:
-        policy.check_kv_cache_dtype(capability, dtype)
-    assert f"--kv-cache-dtype {dtype}" in str(e.value)
-
-
-def test_forced_sm12x_pages_apply_to_the_triton_path_only(monkeypatch):
-    """The tests' SM12x pages on an SM90 GPU; SM10x (TRTLLM-gen) keeps its own."""
-    force_sm12x_pages(monkeypatch.setattr)
-    plan = policy.plan_pages(SM90)
-    assert plan.kernel is policy.SparseMLAKernel.TRITON
-    assert plan.swa_block_size == 64
-    assert [plan.compressed_block_size(r) for r in (1, 2)] == [64, 128]
-    assert policy.plan_pages(SM100).swa_block_size == 32
-    monkeypatch.undo()
-    assert policy.plan_pages(SM90).swa_block_size == 32
+    assert spec.block_size == expected_states * ratio
+    # 64 records of 584 bytes, padded to the 576-byte stride upstream uses.
+    assert spec.page_size_bytes == -(-64 * 584 // 576) * 576
