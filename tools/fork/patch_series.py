@@ -64,6 +64,8 @@ SERIES_FILES: dict[str, tuple[str, ...]] = {
         "benchmarks/kernels/*dsv41_sparse_mla*.py",
         # The benchmark's FlashMLA peer, run from a module built elsewhere.
         "benchmarks/kernels/flashmla_peer.py",
+        # The GPU steps of every patch's tests, for vLLM's pipeline generator.
+        ".buildkite/test_areas/deepseek_v4_1_blackwell.yaml",
     ),
 }
 # New modules that a later patch extends, and the definitions each later
