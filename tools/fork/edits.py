@@ -201,8 +201,8 @@ EDITS: tuple[Edit, ...] = (
         f"{FI_BACKEND}.get_supported_kernel_block_sizes",
         INSERT_BEFORE,
         """
-        # Kernels built for fixed pages (FlashInfer's SM120 ones before 0.7)
-        # take the policy's compressed-KV pages, not only upstream's.
+        # Kernels built for fixed pages (some FlashInfer SM120 builds) take
+        # the policy's compressed-KV pages, not only the default one.
         plan = sparse_mla_pages.current_plan()
         if plan is not None and (sizes := plan.kernel_block_sizes()):
             return sizes
@@ -252,7 +252,7 @@ EDITS: tuple[Edit, ...] = (
             def get_supported_kernel_block_sizes(
                 kv_cache_spec=None,
             ) -> list[int | MultipleOf]:
-                # Newer vLLM passes kv_cache_spec; the page does not depend on it.
+                # kv_cache_spec may be passed; the page does not depend on it.
                 if page := DeepseekSparseSWAFlashInferSM120Backend._fixed_page():
                     return [page]
                 return DeepseekSparseSWAFlashInferBackend.get_supported_kernel_block_sizes()

@@ -14,7 +14,7 @@ It exists for GPUs and shapes FlashInfer's DSV4 kernels do not instantiate. It
 only needs Triton, so it also runs on Hopper, which is where it is measured.
 
 Packed ``fp8_ds_mla`` pools (uint8, 584 bytes per token) follow the layout
-written by ``_rope_quant_insert_kernel`` in upstream vLLM 0.30.0
+written by ``_rope_quant_insert_kernel`` in
 ``vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py`` (and
 ``quantize_and_insert_k_kernel`` in ``.../common/ops/cache_utils.py``): inside
 one page of ``page_size`` tokens, the first ``page_size * 576`` bytes hold the
