@@ -16,6 +16,7 @@ from tests.v1.attention.dsv41.flashinfer_release import (
     FIXED_SM120_PAGE,
     RUNTIME_MAX_HEADS,
     RUNTIME_MIN_TOPK,
+    decode_config_stand_in,
     fixed_pages,
     runtime_pages,
 )
@@ -79,13 +80,6 @@ def test_sm10x_keeps_upstream_pages(capability):
     assert plan.compressed_block_size(2) is None
 
 
-@pytest.fixture
-def fresh_flashinfer_probe():
-    policy._installed_sm120.cache_clear()
-    yield
-    policy._installed_sm120.cache_clear()
-
-
 def test_broken_flashinfer_configuration_is_not_a_silent_fallback(
     monkeypatch, fresh_flashinfer_probe
 ):
@@ -113,37 +107,6 @@ def test_older_architectures_are_refused(capability):
     assert "SM10x" in message and "SM12x" in message
     assert f"SM{capability.to_int()}" in message
     assert "FLASHMLA_SPARSE_DSV41" in message
-
-
-def _decode_config(**overrides):
-    """A stand-in for FlashInfer 0.7's SparseMLASm120DecodeConfig with its
-    documented fields and its supports_decode rule."""
-    fields = dict(
-        page_block_size=64,
-        page_block_sizes=frozenset(),
-        page_block_size_is_runtime=True,
-        topks=frozenset({128, 256, 512}),
-        topk_is_runtime=True,
-        min_topk=1,
-        max_num_heads=128,
-        head_counts=None,
-    )
-    fields.update(overrides)
-    config = SimpleNamespace(**fields)
-
-    def supports_decode(num_heads, topk, *, num_tokens=1, page_block_size=None):
-        page = config.page_block_size if page_block_size is None else page_block_size
-        pages = config.page_block_sizes or {config.page_block_size}
-        heads_ok = 1 <= num_heads <= config.max_num_heads
-        topk_ok = (
-            topk >= config.min_topk if config.topk_is_runtime else topk in config.topks
-        )
-        page_ok = page > 0 if config.page_block_size_is_runtime else page in pages
-        return heads_ok and topk_ok and page_ok
-
-    config.supports_decode = supports_decode
-    config.supported_num_heads = lambda: tuple(range(1, config.max_num_heads + 1))
-    return config
 
 
 @runtime_pages
@@ -182,7 +145,9 @@ def test_installed_runtime_envelope_limits(heads, topk, served):
 
 
 def test_runtime_page_flashinfer_keeps_upstream_pages():
-    envelope = policy.SM120Envelope.from_decode_config("0.7.2", _decode_config())
+    envelope = policy.SM120Envelope.from_decode_config(
+        "0.7.2", decode_config_stand_in()
+    )
     plan = policy.plan_pages(SM120, envelope)
     assert envelope.page_sizes is None
     assert plan.kernel is policy.SparseMLAKernel.FLASHINFER_SM120
@@ -192,7 +157,7 @@ def test_runtime_page_flashinfer_keeps_upstream_pages():
 
 
 def test_fixed_page_decode_config_sets_pages():
-    config = _decode_config(
+    config = decode_config_stand_in(
         page_block_size_is_runtime=False, page_block_sizes=frozenset({64, 128})
     )
     plan = policy.plan_pages(

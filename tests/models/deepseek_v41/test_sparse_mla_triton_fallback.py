@@ -4,7 +4,6 @@
 FlashInfer kernel serves the model, and the plan says why."""
 
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch
 from tests.models.deepseek_v41.layer_config import vllm_config_stand_in
 from tests.v1.attention.dsv41.flashinfer_release import (
     FIXED_SM120_PAGE,
+    decode_config_stand_in,
     fixed_pages,
     runtime_pages,
 )
@@ -35,13 +35,6 @@ def test_gpus_without_flashinfer_kernels_run_triton(capability):
     assert plan.kernel == policy.SparseMLAKernel.TRITON
     assert plan.swa_block_size == 32  # the Triton kernel takes any page
     assert plan.compressed_block_size(2) is None
-
-
-@pytest.fixture
-def fresh_flashinfer_probe():
-    policy._installed_sm120.cache_clear()
-    yield
-    policy._installed_sm120.cache_clear()
 
 
 def test_sm12x_without_flashinfer_runs_triton_and_says_why(
@@ -95,39 +88,10 @@ def test_shapes_the_fixed_tables_lacked_run_flashinfer():
         assert geometry.note is None
 
 
-def _decode_config(**overrides):
-    """A stand-in for FlashInfer 0.7's SparseMLASm120DecodeConfig with its
-    documented fields and its supports_decode rule."""
-    fields = dict(
-        page_block_size=64,
-        page_block_sizes=frozenset(),
-        page_block_size_is_runtime=True,
-        topks=frozenset({128, 256, 512}),
-        topk_is_runtime=True,
-        min_topk=1,
-        max_num_heads=128,
-        head_counts=None,
-    )
-    fields.update(overrides)
-    config = SimpleNamespace(**fields)
-
-    def supports_decode(num_heads, topk, *, num_tokens=1, page_block_size=None):
-        page = config.page_block_size if page_block_size is None else page_block_size
-        pages = config.page_block_sizes or {config.page_block_size}
-        heads_ok = 1 <= num_heads <= config.max_num_heads
-        topk_ok = (
-            topk >= config.min_topk if config.topk_is_runtime else topk in config.topks
-        )
-        page_ok = page > 0 if config.page_block_size_is_runtime else page in pages
-        return heads_ok and topk_ok and page_ok
-
-    config.supports_decode = supports_decode
-    config.supported_num_heads = lambda: tuple(range(1, config.max_num_heads + 1))
-    return config
-
-
 def test_runtime_topk_flashinfer_serves_any_topk():
-    envelope = policy.SM120Envelope.from_decode_config("0.7.2", _decode_config())
+    envelope = policy.SM120Envelope.from_decode_config(
+        "0.7.2", decode_config_stand_in()
+    )
     negotiated = policy.negotiate(
         SM120,
         supported_heads=Q_HEADS,

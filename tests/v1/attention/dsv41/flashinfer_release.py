@@ -15,6 +15,7 @@ from its source independently of the page policy:
 import importlib.util
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -46,3 +47,34 @@ runtime_pages = pytest.mark.skipif(
     FIXED_SM120_PAGE is not None,
     reason="the installed FlashInfer builds its SM120 kernels for fixed pages",
 )
+
+
+def decode_config_stand_in(**overrides):
+    """A stand-in for FlashInfer 0.7's SparseMLASm120DecodeConfig with its
+    documented fields and its supports_decode rule."""
+    fields = dict(
+        page_block_size=64,
+        page_block_sizes=frozenset(),
+        page_block_size_is_runtime=True,
+        topks=frozenset({128, 256, 512}),
+        topk_is_runtime=True,
+        min_topk=1,
+        max_num_heads=128,
+        head_counts=None,
+    )
+    fields.update(overrides)
+    config = SimpleNamespace(**fields)
+
+    def supports_decode(num_heads, topk, *, num_tokens=1, page_block_size=None):
+        page = config.page_block_size if page_block_size is None else page_block_size
+        pages = config.page_block_sizes or {config.page_block_size}
+        heads_ok = 1 <= num_heads <= config.max_num_heads
+        topk_ok = (
+            topk >= config.min_topk if config.topk_is_runtime else topk in config.topks
+        )
+        page_ok = page > 0 if config.page_block_size_is_runtime else page in pages
+        return heads_ok and topk_ok and page_ok
+
+    config.supports_decode = supports_decode
+    config.supported_num_heads = lambda: tuple(range(1, config.max_num_heads + 1))
+    return config
