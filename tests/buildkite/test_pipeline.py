@@ -266,10 +266,7 @@ def _glob_matches(pattern: str, path: str) -> bool:
             "vllm/v1/attention/backends/mla/indexer_pages.py",
             {"gpu-h100", "gpu-b200", "gpu-rtx-pro-6000", "gpu-dgx-spark"},
         ),
-        (
-            "vllm/v1/attention/backends/mla/sparse_mla_plan_report.py",
-            {"gpu-h100", "gpu-b200", "gpu-rtx-pro-6000", "gpu-dgx-spark"},
-        ),
+        ("vllm_dsv41_plan/report.py", set()),
         ("tools/pre_commit/check_spdx_header.py", set()),
         (
             "vllm/v1/attention/ops/triton_dsv41_sparse_mla.py",

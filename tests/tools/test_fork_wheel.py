@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tools.fork import build_wheel
-from tools.fork.common import REPO, load_pin, new_module_files
+from tools.fork.common import REPO, fork_package_files, load_pin, new_module_files
 from tools.fork.fork_tree import edited_upstream_files
 
 pytestmark = pytest.mark.slow
@@ -81,6 +81,16 @@ def test_new_modules_and_upstreams_entry_points(fork_wheel, upstream_wheel_path)
     with zipfile.ZipFile(fork_wheel) as zf, zipfile.ZipFile(upstream_wheel_path) as up:
         for path in new_module_files():
             assert zf.read(str(path)) == (REPO / path).read_bytes(), path
+        # The plan report's own package beside vllm, its default config in it.
+        names = set(zf.namelist())
+        packaged = [str(p) for p in fork_package_files()]
+        assert "vllm_dsv41_plan/__main__.py" in packaged
+        assert "vllm_dsv41_plan/configs/dsv41_small.json" in packaged
+        for path in packaged:
+            assert zf.read(path) == (REPO / path).read_bytes(), path
+        assert not any(n.startswith("vllm/") and "plan_report" in n for n in names)
+        top_level = zf.read(ours + "top_level.txt").decode().split()
+        assert top_level == ["vllm", "vllm_dsv41_plan"]
         # No plugin: the entry points are upstream's, byte for byte.
         assert zf.read(ours + "entry_points.txt") == up.read(
             theirs + "entry_points.txt"
@@ -143,6 +153,10 @@ def fork_venv(fork_wheel):
             [python, "-c", query], check=True, capture_output=True, text=True
         ).stdout.strip()
         shutil.rmtree(Path(site) / "vllm", ignore_errors=True)
+        # The dev venv's link to the checkout's plan report package: pip must
+        # install the wheel's copy, not write through the link.
+        for package in fork_package_files():
+            (Path(site) / package.parts[0]).unlink(missing_ok=True)
         install = [*pip, "install", "--no-deps", "--no-index", fork_wheel]
         subprocess.run(install, check=True)
         yield python
@@ -160,6 +174,20 @@ def test_installed_wheel_is_the_fork_with_no_plugin(fork_venv):
         )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "the fork's classes load with no plugin" in result.stdout
+
+
+def test_installed_wheel_runs_the_plan_report(fork_venv):
+    """``python -m vllm_dsv41_plan`` from the installed wheel, outside the
+    checkout, with the default config it ships."""
+    with tempfile.TemporaryDirectory() as cwd:
+        result = subprocess.run(
+            [fork_venv, "-m", "vllm_dsv41_plan", "plan", "--capability", "12.0"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+        )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "status: served" in result.stdout
 
 
 def test_aarch64_wheel_carries_the_same_fork(fork_wheel):

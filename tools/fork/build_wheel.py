@@ -6,8 +6,9 @@
 
 Every upstream entry the edits do not touch is copied with its compressed
 bytes untouched (the compiled extensions included); the edited upstream files
-and the fork's new modules are written in, the dist-info is renamed to the
-local version and RECORD is rewritten. No GPU and no compiler are needed.
+and the fork's new modules are written in, with the fork's own packages
+beside ``vllm`` (``FORK_PACKAGES``); the dist-info is renamed to the local
+version and RECORD is rewritten. No GPU and no compiler are needed.
 """
 
 import argparse
@@ -25,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.fork.common import (  # noqa: E402
+    FORK_PACKAGES,
     REPO,
     add_base_argument,
     load_pin,
@@ -172,6 +174,8 @@ def _write(source: Path, tmp: Path, pin) -> None:
                 data = src.read(info)
                 if name.endswith("/METADATA"):
                     data = _with_version(data.decode(), fork_version()).encode()
+                if name.endswith("/top_level.txt"):
+                    data = _with_top_level(data.decode()).encode()
                 add(new_info + name[len(old_info) :], data)
 
             buf = io.StringIO()
@@ -189,6 +193,13 @@ def _with_version(metadata: str, version: str) -> str:
     idx = next(i for i, line in enumerate(lines) if line.startswith("Version: "))
     lines[idx] = f"Version: {version}"
     return "\n".join(lines)
+
+
+def _with_top_level(top_level: str) -> str:
+    """Upstream's top-level names and the fork's own packages."""
+    names = top_level.split()
+    names += [p.name for p in FORK_PACKAGES if p.name not in names]
+    return "".join(f"{n}\n" for n in names)
 
 
 def main() -> None:

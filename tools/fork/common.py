@@ -17,6 +17,9 @@ from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[2]
 NEW_MODULES = REPO / "vllm"
+# The fork's own top-level packages, shipped in the fork wheel beside
+# ``vllm`` and linked into the dev venvs; not vLLM's, not in the patch series.
+FORK_PACKAGES = (REPO / "vllm_dsv41_plan",)
 PIN_FILE = REPO / "tools" / "fork" / "pin.py"
 WHEEL_CACHE = REPO / ".cache" / "wheels"
 DEV_REQUIREMENTS = REPO / "requirements" / "dev.txt"
@@ -205,11 +208,21 @@ def site_packages(venv: Path) -> Path:
     return Path(out.stdout.strip())
 
 
+def _files_under(root: Path) -> list[Path]:
+    return sorted(
+        p.relative_to(REPO)
+        for p in root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
+
+
 def new_module_files() -> list[Path]:
     """Every file of the fork's new modules (under ``vllm/``), relative to the
     repository root."""
-    return sorted(
-        p.relative_to(REPO)
-        for p in NEW_MODULES.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
-    )
+    return _files_under(NEW_MODULES)
+
+
+def fork_package_files() -> list[Path]:
+    """Every file of the fork's own top-level packages (``FORK_PACKAGES``),
+    relative to the repository root."""
+    return [p for root in FORK_PACKAGES for p in _files_under(root)]

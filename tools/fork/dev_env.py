@@ -10,7 +10,8 @@ The default base gets ``.venv``, another base ``.venv-<version>``.
 The upstream files the edit list changes are rewritten in the installed
 ``vllm`` package from the pinned wheel's pristine copies, so running this
 again is how a changed edit takes effect (seconds). The fork's new modules
-are symlinked (the topmost path upstream lacks), so changes to them and new
+are symlinked (the topmost path upstream lacks), and so are the fork's own
+packages beside ``vllm`` (the plan report), so changes to them and new
 files under a linked folder take effect at once. A venv that already matches
 the pin and the dev requirements is reused.
 """
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.fork.common import (  # noqa: E402
     DEV_REQUIREMENTS,
+    FORK_PACKAGES,
     NEW_MODULES,
     PIN_FILE,
     REPO,
@@ -94,6 +96,21 @@ def link_new_modules(upstream_root: Path) -> list[Path]:
     return links
 
 
+def link_fork_packages(site: Path) -> list[Path]:
+    """Symlink each of the fork's own top-level packages into ``site``
+    (site-packages), so they import from any folder. Returns the links."""
+    links = []
+    for src in FORK_PACKAGES:
+        dst = site / src.name
+        if dst.is_symlink():
+            dst.unlink()
+        if dst.exists():
+            raise SystemExit(f"{dst} exists and is not the fork's link to {src}")
+        dst.symlink_to(src, target_is_directory=True)
+        links.append(dst)
+    return links
+
+
 def apply_edits_in_place(upstream_root: Path, wheel: Path, venv: Path) -> list[str]:
     """Write the edited upstream files into the installed package; restore
     the pristine text of files an earlier edit list changed. Returns the
@@ -136,6 +153,7 @@ def make(venv: Path) -> None:
     upstream_root = site_packages(venv) / "vllm"
     edited = apply_edits_in_place(upstream_root, wheel, venv)
     links = link_new_modules(upstream_root)
+    links += link_fork_packages(upstream_root.parent)
     log(
         f"vLLM {load_pin().VLLM_VERSION} edited in place ({len(edited)} files), "
         f"new modules linked ({len(links)} paths); "

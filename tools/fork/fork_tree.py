@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The fork's files: upstream files with the in-place edits applied, plus the
-fork's new modules.
+fork's new modules and its own top-level packages.
 
 Both the fork wheel and the development venv are made from this one answer,
 so they cannot differ.
@@ -10,7 +10,13 @@ so they cannot differ.
 import zipfile
 from pathlib import Path
 
-from tools.fork.common import REPO, load_pin, log, new_module_files
+from tools.fork.common import (
+    REPO,
+    fork_package_files,
+    load_pin,
+    log,
+    new_module_files,
+)
 from tools.fork.edit_engine import apply_edits
 from tools.fork.edits import EDITS
 
@@ -30,8 +36,10 @@ def edited_upstream_files(wheel: Path) -> dict[str, bytes]:
 
 
 def new_files() -> dict[str, bytes]:
-    """The fork's own modules, keyed by their path in the vllm package."""
-    return {str(p): (REPO / p).read_bytes() for p in new_module_files()}
+    """The fork's new modules and its own packages, keyed by their path in
+    the wheel."""
+    paths = [*new_module_files(), *fork_package_files()]
+    return {str(p): (REPO / p).read_bytes() for p in paths}
 
 
 def fork_files(wheel: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:

@@ -38,7 +38,7 @@ from tools.fork.patch_series import default_out_dir, generate  # noqa: E402
 
 # The architectures whose plan the main job prints: B200, RTX PRO 6000, GB10.
 PLAN_CAPABILITIES = ("10.0", "12.0", "12.1")
-PLAN_REPORT = "vllm.v1.attention.backends.mla.sparse_mla_plan_report"
+PLAN_REPORT = "vllm_dsv41_plan"
 
 
 def install_fresh(wheel: Path, venv: Path | None = None) -> Path:

@@ -112,11 +112,8 @@ FORK_ONLY = (
     "vllm/models/deepseek_v4_1/*",
     "tests/models/deepseek_v4_1/*",
     "*__init__.py",
-    "vllm/v1/attention/backends/mla/sparse_mla_plan_report.py",
     "vllm_dsv41_plan/*",
-    "vllm/models/deepseek_v41/configs/*.json",
-    "tests/models/deepseek_v41/test_report.py",
-    "tests/models/deepseek_v41/test_plan_report_cli.py",
+    "tests/plan_report/*",
     "tests/models/deepseek_v41/test_indexer_pages.py",
     "tests/models/deepseek_v41/test_kv_cache_planning.py",
     # Minutes of Triton's interpreter on CPU; the series runs the same decode

@@ -29,6 +29,12 @@ failures = []
 for module in (fi, sparse_mla_pages, seed_path):
     if site not in Path(module.__file__).resolve().parents:
         failures.append(f"{module.__name__} imported from {module.__file__}")
+# The plan report ships beside vllm, with its default config.
+import vllm_dsv41_plan.report as plan_report
+if Path(plan_report.__file__).resolve().parents[1] != site.parent:
+    failures.append(f"vllm_dsv41_plan imported from {plan_report.__file__}")
+if not plan_report.DEFAULT_CONFIG.is_file():
+    failures.append(f"the plan report's {plan_report.DEFAULT_CONFIG.name} is missing")
 layer = fi.DeepseekV4FlashInferSM120Attention
 swa_backend = getattr(fi, "DeepseekSparseSWAFlashInferSM120Backend", None)
 if layer.swa_backend_cls is not swa_backend:

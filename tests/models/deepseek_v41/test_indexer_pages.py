@@ -19,10 +19,10 @@ from tests.models.deepseek_v41.test_kv_cache_planning import _engine_config
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.v1.attention.backends.mla import indexer_pages
-from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
 from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 from vllm.v1.worker.utils import select_common_block_size
+from vllm_dsv41_plan import report
 
 try:
     from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
@@ -145,17 +145,15 @@ def _kernel_states(capability, hf, block_size) -> dict[str, int]:
     grouping and the worker's choice of one kernel page per group."""
     plan = policy.plan_pages(capability)
     config = _engine_config(block_size)
-    layer_cls = report.attention_class_for(capability)
-    specs = report.cache_specs(
-        capability, hf, plan, "fp8", layer_cls.use_fp8_ds_mla_layout, block_size
-    )
-    indexer_specs = report.indexer_cache_specs(hf, block_size, "fp8_ds_mla")
+    layer_cls = report.attention_class_for(plan)
+    specs = report.cache_specs(plan, hf, "fp8", block_size)
+    indexer_specs = {n: s for n, s in specs.items() if n.endswith("indexer.k_cache")}
     backends = {n: fi.DeepseekV4FlashInferMLASparseBackend for n in specs}
     for name in specs:
         if name.endswith("swa_cache"):
             backends[name] = layer_cls.swa_backend_cls
     backends.update({n: DeepseekV41IndexerBackend for n in indexer_specs})
-    kv_config = _kv_cache_config(config, {**specs, **indexer_specs})
+    kv_config = _kv_cache_config(config, specs)
     states = {}
     for group in kv_config.kv_cache_groups:
         spec = group.kv_cache_spec

@@ -23,10 +23,10 @@ from vllm.models.deepseek_v41.attention import (
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fork
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.platforms.interface import DeviceCapability
-from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
 from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 from vllm.v1.worker.utils import select_common_block_size
+from vllm_dsv41_plan import report
 
 # Only a FlashInfer with fixed SM120 pages makes the pages differ from
 # upstream's; with runtime pages (0.7+) the plan is upstream's own.
@@ -56,28 +56,31 @@ def _engine_config(block_size: int) -> VllmConfig:
 
 
 def _model_specs(capability: DeviceCapability, config: VllmConfig):
-    """Specs and backend per layer, as the built model would report them."""
+    """Specs and backend per layer, as the built model would report them:
+    the plan report's specs, its indexer K caches held against upstream's own
+    ``get_kv_cache_spec`` on the mocked GPU."""
     plan = policy.plan_pages(capability)
-    specs = report.cache_specs(
-        capability, HF_CONFIG, plan, "fp8", True, config.cache_config.block_size
-    )
+    specs = report.cache_specs(plan, HF_CONFIG, "fp8", config.cache_config.block_size)
+    layer_cls = report.attention_class_for(plan)
     backends = {
-        name: fork.DeepseekSparseSWAFlashInferSM120Backend
+        name: layer_cls.swa_backend_cls
         if name.endswith("swa_cache")
-        else fork.DeepseekV4FlashInferMLASparseBackend
+        else DeepseekV41IndexerBackend
+        if name.endswith("indexer.k_cache")
+        else layer_cls.backend_cls
         for name in specs
     }
-    # Indexer K caches of kv-source layers: upstream's spec, unchanged.
-    for layer in HF_CONFIG.kv_source_layer_ids:
+    for layer in report.owning_indexer_layers(HF_CONFIG):
         cache = SimpleNamespace(
             cache_config=config.cache_config,
             head_dim=_indexer_k_cache_head_dim(HF_CONFIG.index_head_dim, False),
             dtype=torch.uint8,
             compress_ratio=HF_CONFIG.compress_ratios[layer],
+            sparse_logits=False,
+            rocm_mxfp4=False,
         )
         name = f"model.layers.{layer}.attn.indexer.k_cache"
-        specs[name] = DeepseekV4IndexerCache.get_kv_cache_spec(cache, config)
-        backends[name] = DeepseekV41IndexerBackend
+        assert specs[name] == DeepseekV4IndexerCache.get_kv_cache_spec(cache, config)
     return plan, specs, backends
 
 

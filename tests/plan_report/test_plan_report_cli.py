@@ -17,11 +17,7 @@ from pathlib import Path
 
 import pytest
 
-COMMAND = [
-    sys.executable,
-    "-m",
-    "vllm.v1.attention.backends.mla.sparse_mla_plan_report",
-]
+COMMAND = [sys.executable, "-m", "vllm_dsv41_plan"]
 
 # A small DeepSeek V4.1 text model, as its config.json spells it.
 DSV41 = {
@@ -112,8 +108,9 @@ def _run(name: str, case: Case, tmp: Path, *extra: str) -> subprocess.CompletedP
         args += ["--config", str(tmp / "absent.json")]
     else:
         args += _config_args(name, case.config, tmp)
+    # Outside the checkout: the command imports as installed.
     return subprocess.run(
-        [*COMMAND, *args], capture_output=True, text=True, timeout=300
+        [*COMMAND, *args], capture_output=True, text=True, timeout=300, cwd=tmp
     )
 
 
@@ -267,7 +264,7 @@ MORE_REFUSALS = {
 
 @pytest.mark.parametrize("name", list(MORE_USAGE_ERRORS))
 def test_more_usage_errors(capsys, tmp_path, name):
-    from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
+    from vllm_dsv41_plan import report
 
     args, needle, config = MORE_USAGE_ERRORS[name]
     with pytest.raises(SystemExit) as exit_info:
@@ -280,7 +277,7 @@ def test_more_usage_errors(capsys, tmp_path, name):
 
 @pytest.mark.parametrize("name", list(MORE_REFUSALS))
 def test_more_refusals(capsys, tmp_path, name):
-    from vllm.v1.attention.backends.mla import sparse_mla_plan_report as report
+    from vllm_dsv41_plan import report
 
     args, needle, config = MORE_REFUSALS[name]
     assert report.main(["plan", *args, *_config_args(name, config, tmp_path)]) == 1

@@ -2,56 +2,51 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """What DeepSeek V4.1 attention will do on a GPU, before loading any weights.
 
-    python -m vllm.v1.attention.backends.mla.sparse_mla_plan_report plan \
-        --capability 12.0 [--config config.json] [--tp N] \
-        [--kv-cache-dtype fp8] [--num-speculative-tokens N --non-causal] [--json]
+    python -m vllm_dsv41_plan plan --capability 12.0 [--config config.json] \
+        [--tp N] [--kv-cache-dtype fp8] [--block-size N] \
+        [--num-speculative-tokens N --non-causal] [--json]
 
-Prints, for each KV cache (sliding window; compressed KV per ratio), the page
-size in tokens and bytes, the attention class and kernel that will run, the
-padded head count, and the error start-up would raise, if any. It needs no GPU:
-the architecture is given, the page policy reads FlashInfer's tables, the
-checks are the ones start-up makes, and the page bytes come from vLLM's own
-KV-cache spec classes.
+Prints, for each KV cache (sliding window; compressed KV per ratio; the
+indexer K caches), the page size in tokens and bytes, the attention class and
+kernel that will run, the padded head count, and the error start-up would
+raise, if any. It needs no GPU and asks nothing of the platform: the
+capability given goes straight to start-up's own negotiation
+(``sparse_mla_pages.negotiate_for_model``), every page comes from the plan it
+returns, and the page bytes from vLLM's KV-cache spec classes built with the
+values the layers give them.
 
 Exit status: 0 served, 1 refused (the start-up error is printed), 2 usage
 error (bad arguments, or a config file that is not a readable DeepSeek V4.1
 config). The report goes to stdout (``--json``: JSON only); vLLM's log lines
-go to stderr. The model modules are imported only after that, which is why
-this lives outside the model package (importing it loads the model).
+go to stderr. The model modules are imported only after that.
 """
 
 import argparse
-import functools
+import dataclasses
+import itertools
 import json
 import logging
+import math
 import re
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-import vllm
 from vllm.logger import init_logger
 from vllm.platforms.interface import DeviceCapability
 
 if TYPE_CHECKING:
     from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
+    from vllm.v1.attention.backend import MultipleOf
+    from vllm.v1.kv_cache_interface import KVCacheSpec
 
 # Configures vLLM's log handler now, so main() can point it at stderr before
 # the model modules (which log as they load) are imported.
 logger = init_logger(__name__)
 
-DEFAULT_CONFIG = (
-    Path(vllm.__file__).parent
-    / "models"
-    / "deepseek_v41"
-    / "configs"
-    / "dsv41_small.json"
-)
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "dsv41_small.json"
 # What each kernel (SparseMLAKernel value) calls, for the reader of the report.
 KERNEL_PATHS = {
     "flashinfer-trtllm-gen": "FlashInfer TRTLLM-gen trtllm_batch_decode_sparse_mla_dsv4"
@@ -74,6 +69,17 @@ REQUIRED_FIELDS = {
     "index_source_layer_ids": list,
     "index_head_dim": int,
 }
+# The packed records DeepseekV4Attention.__init__ gives its caches: the V4.1
+# MXFP8 record on SM10x (bytes per token, page alignment), the V4 record
+# elsewhere. The layer inlines these numbers and chooses by asking the
+# platform (_use_v41_mxfp8_kv_record), so they are restated here and chosen
+# by the capability given; tests/plan_report holds them against the layers.
+MXFP8_RECORD = (528, 512)
+V4_RECORD = (584, 576)
+# The compressed-KV kernel page the FlashInfer backend offers when the plan
+# fixes none (DeepseekV4FlashInferMLASparseBackend.get_supported_kernel_block_sizes,
+# which reads the platform's plan; restated, held against it by the tests).
+UNFIXED_COMPRESSED_KERNEL_PAGES = (128,)
 
 
 class UsageError(ValueError):
@@ -108,107 +114,100 @@ class Plan:
     error: str | None = None
 
 
-def cache_specs(
-    capability: DeviceCapability,
-    hf_config: Any,
+def attention_class_for(plan: "pages.SparseMLAPlan") -> type:
+    """The layer ``FLASHINFER_MLA_SPARSE_DSV41`` builds for ``plan``
+    (``_select_dsv4_attn_cls``, which asks the platform; here the plan's
+    kernel decides): TRTLLM-gen's layer for the TRTLLM-gen kernel (SM10x),
+    the two-segment layer for FlashInfer's SM120 kernels and Triton."""
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+    from vllm.models.deepseek_v41.nvidia.sparse_mla_pages import SparseMLAKernel
+
+    if plan.kernel is SparseMLAKernel.TRTLLM_GEN:
+        return fi.DeepseekV4FlashInferMLAAttention
+    return fi.DeepseekV4FlashInferSM120Attention
+
+
+def resolve_kv_cache_dtype(
+    plan: "pages.SparseMLAPlan", kv_cache_dtype: str
+) -> tuple[str, Any]:
+    """(cache dtype string, torch dtype) the plan's layer resolves
+    ``--kv-cache-dtype`` to: the layer's own ``_resolve_dsv4_kv_cache_dtype``
+    with its layout. Raises ValueError as the layer does."""
+    from vllm.models.deepseek_v41.attention import _resolve_dsv4_kv_cache_dtype
+
+    layout = attention_class_for(plan).use_fp8_ds_mla_layout
+    return _resolve_dsv4_kv_cache_dtype(layout, kv_cache_dtype, None)
+
+
+def packed_record(capability: DeviceCapability) -> tuple[int, int]:
+    """(bytes per token, page alignment) of the packed KV record the layer
+    writes on ``capability`` (the V4.1 MXFP8 record on the SM10x family)."""
+    return MXFP8_RECORD if capability.major == 10 else V4_RECORD
+
+
+def kernel_block_sizes(
     plan: "pages.SparseMLAPlan",
-    kv_cache_dtype: str,
-    uses_fp8_ds_mla_layout: bool,
-    block_size: int | None = None,
-) -> dict[str, Any]:
-    """The KV-cache specs a model's attention layers report, by layer name.
+) -> "dict[str, list[int | MultipleOf]]":
+    """The kernel pages each backend of the model offers for ``plan``, by
+    cache kind: what the backends answer on that GPU, from the plan."""
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 
-    Built by upstream's own ``get_kv_cache_spec`` methods on stand-ins that
-    hold just the fields those methods read, with the negotiated page sizes.
-    ``block_size``: the user's --block-size; unset, the backend's preferred
-    size, as vLLM picks it. Compressed caches without pages of the plan's
-    own take it.
-    """
-    from vllm.models.deepseek_v41.attention import (
-        DeepseekV4Attention,
-        _resolve_dsv4_kv_cache_dtype,
-    )
-    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
-
-    cache_dtype, torch_dtype = _resolve_dsv4_kv_cache_dtype(
-        uses_fp8_ds_mla_layout, kv_cache_dtype, None
-    )
-    if block_size is None:
-        block_size = default_block_size(plan)
-    cache_config = SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size)
-    vllm_config = SimpleNamespace(cache_config=cache_config)
-    # SM10x stores the 528-byte MXFP8 record, others the 584-byte one.
-    mxfp8 = capability.major == 10
-    record_bytes = 528 if mxfp8 else 584
-    # What the layers' own ``get_kv_cache_spec`` read: the record's width
-    # under its vLLM 0.30 name and its 0.33 names (the SWA and compressed
-    # records are the same but for nvfp4_ds_mla, which no kernel here reads).
-    record = dict(
-        head_dim=hf_config.head_dim,
-        kv_cache_dtype=cache_dtype,
-        kv_cache_torch_dtype=torch_dtype,
-        kv_bytes_per_token=record_bytes,
-        swa_bytes_per_token=record_bytes,
-        compressed_bytes_per_token=record_bytes,
-        kv_page_alignment=512 if mxfp8 else 576,
-    )
-    specs: dict[str, Any] = {}
-    for layer, ratio in enumerate(hf_config.compress_ratios):
-        prefix = f"model.layers.{layer}.attn"
-        swa = SimpleNamespace(
-            block_size=plan.swa_block_size,
-            head_dim=hf_config.head_dim,
-            window_size=hf_config.sliding_window,
-            dtype=torch_dtype,
-            cache_config=cache_config,
-            packed_bytes_per_token=record_bytes,
-            packed_page_alignment=record["kv_page_alignment"],
-            # From vLLM 0.33: MXFP8 blocks hold whole records of both caches;
-            # bounded replay is off unless the user asks for it.
-            packed_block_stride_alignment=record_bytes if mxfp8 else None,
-            bounded_replay=False,
-        )
-        specs[f"{prefix}.swa_cache"] = DeepseekV4SWACache.get_kv_cache_spec(
-            swa, vllm_config
-        )
-        if layer in hf_config.kv_source_layer_ids and ratio > 0:
-            # The layer's backend answers with the plan being reported.
-            backend = SimpleNamespace(
-                get_compressed_block_size=plan.compressed_block_size
+    return {
+        # DeepseekV4FlashInferMLASparseBackend.get_supported_kernel_block_sizes
+        "compressed": list(plan.kernel_block_sizes())
+        or list(UNFIXED_COMPRESSED_KERNEL_PAGES),
+        # The SWA backends: the plan's fixed page, else upstream's sizes.
+        "swa": (
+            [plan.fixed_page]
+            if plan.fixed_page
+            else list(
+                fi.DeepseekSparseSWAFlashInferBackend.get_supported_kernel_block_sizes()
             )
-            source = SimpleNamespace(
-                is_kv_source=True, compress_ratio=ratio, backend_cls=backend, **record
-            )
-            specs[prefix] = DeepseekV4Attention.get_kv_cache_spec(source, vllm_config)
-    return specs
+        ),
+        # DeepseekV41IndexerBackend.get_supported_kernel_block_sizes
+        "indexer": list(plan.indexer.kernel_block_sizes()),
+    }
 
 
-def indexer_cache_specs(
-    hf_config: Any, block_size: int, cache_dtype: str
-) -> dict[str, Any]:
-    """The indexer K-cache specs of the kv-source layers that own one, by
-    layer name, from upstream's ``get_kv_cache_spec`` (FP8 keys)."""
-    from vllm.models.deepseek_v41.attention import (
-        DeepseekV4IndexerCache,
-        _indexer_k_cache_head_dim,
+def _takes(sizes: "list[int | MultipleOf]", block_size: int) -> bool:
+    """AttentionBackend.supports_block_size for a backend offering ``sizes``."""
+    from vllm.v1.attention.backend import MultipleOf
+
+    bases = [s.base if isinstance(s, MultipleOf) else s for s in sizes]
+    return not bases or any(block_size % b == 0 for b in bases)
+
+
+def default_block_size(plan: "pages.SparseMLAPlan") -> int:
+    """The --block-size vLLM picks when the user sets none, for ``plan``.
+
+    vLLM 0.30 takes the sparse-MLA backend's preferred size
+    (``sparse_mla_pages.preferred_block_size``, which the backend's hook
+    calls); from 0.33 the platform takes the smallest size every backend of
+    the model's layers supports (``Platform._preferred_block_size_for_backends``).
+    Both ask the backends, which read the platform's GPU; here the plan's
+    kernel pages stand for their answers. Raises ValueError as vLLM does when
+    the backends share no size."""
+    from vllm.config.cache import CacheConfig
+    from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention.backend import MultipleOf
+
+    default = CacheConfig.DEFAULT_BLOCK_SIZE
+    sizes = kernel_block_sizes(plan)
+    if not hasattr(Platform, "_preferred_block_size_for_backends"):
+        return pages.preferred_block_size(default, sizes["compressed"])
+    offered = list(sizes.values())
+    if all(_takes(s, default) for s in offered):
+        return default
+    bases = [
+        [s.base if isinstance(s, MultipleOf) else s for s in o] or [1] for o in offered
+    ]
+    for candidate in sorted({math.lcm(*c) for c in itertools.product(*bases)}):
+        if all(_takes(s, candidate) for s in offered):
+            return candidate
+    raise ValueError(
+        f"The attention backends share no supported KV cache block size ({sizes})."
     )
-
-    cache_config = SimpleNamespace(cache_dtype=cache_dtype, block_size=block_size)
-    vllm_config = SimpleNamespace(cache_config=cache_config)
-    head_dim = _indexer_k_cache_head_dim(hf_config.index_head_dim, False)
-    specs = {}
-    for layer in owning_indexer_layers(hf_config):
-        cache = SimpleNamespace(
-            cache_config=cache_config,
-            head_dim=head_dim,
-            dtype=torch.uint8,
-            compress_ratio=hf_config.compress_ratios[layer],
-            sparse_logits=False,
-            rocm_mxfp4=False,
-        )
-        name = f"model.layers.{layer}.attn.indexer.k_cache"
-        specs[name] = DeepseekV4IndexerCache.get_kv_cache_spec(cache, vllm_config)
-    return specs
 
 
 def owning_indexer_layers(hf_config: Any) -> list[int]:
@@ -223,33 +222,113 @@ def owning_indexer_layers(hf_config: Any) -> list[int]:
     )
 
 
-def _as_the_reported_gpu(make: Callable[..., Plan]) -> Callable[..., Plan]:
-    """``make(capability, ...)`` run with vLLM's platform answering as a GPU
-    of ``capability``, not as this host. Upstream's backends ask it which GPU
-    they serve (the indexer K caches' kernels take 64-token pages on SM90,
-    128 elsewhere), as they would on that GPU at start-up."""
+def _spec(spec_cls: type, **values: Any) -> "KVCacheSpec":
+    """``spec_cls`` built with those of ``values`` that this vLLM's class
+    has (0.33 added fields 0.30's layers do not pass)."""
+    names = {f.name for f in dataclasses.fields(spec_cls)}
+    return spec_cls(**{k: v for k, v in values.items() if k in names})
 
-    @functools.wraps(make)
-    def wrapper(capability: DeviceCapability, *args: Any, **kwargs: Any) -> Plan:
-        from vllm.platforms import current_platform
 
-        platform_cls = type(current_platform)
-        own = platform_cls.__dict__.get("get_device_capability")
-        platform_cls.get_device_capability = classmethod(  # type: ignore[method-assign]
-            lambda cls, device_id=0: capability
+def _config_default(config_cls: type, name: str, missing: Any = None) -> Any:
+    """The default of a vLLM config field (``missing`` where this vLLM has
+    no such field)."""
+    for f in dataclasses.fields(config_cls):
+        if f.name == name:
+            return f.default
+    return missing
+
+
+def cache_specs(
+    plan: "pages.SparseMLAPlan",
+    hf_config: Any,
+    kv_cache_dtype: str = "auto",
+    block_size: int | None = None,
+) -> "dict[str, KVCacheSpec]":
+    """The KV-cache specs the model's layers report for ``plan``, by layer
+    name: the sliding-window cache of every layer, the compressed KV of each
+    compressed kv source, the indexer K cache of each one that owns one.
+
+    vLLM's spec classes, built with the values the layers pass them; every
+    page from the plan. ``block_size``: the user's --block-size; unset,
+    vLLM's default for the plan. Compressed caches without pages of the
+    plan's own take it. Raises ValueError where the layer would.
+    """
+    import torch
+
+    from vllm.config import AttentionConfig
+    from vllm.models.deepseek_v41.attention import _indexer_k_cache_head_dim
+    from vllm.v1.kv_cache_interface import (
+        MLAAttentionSpec,
+        SlidingWindowMLASpec,
+        get_kv_quant_mode,
+    )
+
+    cache_dtype, torch_dtype = resolve_kv_cache_dtype(plan, kv_cache_dtype)
+    if block_size is None:
+        block_size = default_block_size(plan)
+    mxfp8 = packed_record(plan.capability) == MXFP8_RECORD
+    record, alignment = packed_record(plan.capability)
+    packed = cache_dtype in ("fp8_ds_mla", "nvfp4_ds_mla")
+    quant_mode = get_kv_quant_mode(cache_dtype)
+    swa = _spec(
+        SlidingWindowMLASpec,
+        block_size=plan.swa_block_size,
+        num_kv_heads=1,
+        max_tp_shards=1,
+        head_size=hf_config.head_dim,
+        dtype=torch_dtype,
+        sliding_window=hf_config.sliding_window,
+        cache_dtype_str=cache_dtype,
+        state_content_bytes=record if packed else None,
+        alignment=alignment if packed else 512,
+        # From vLLM 0.33: MXFP8 blocks hold whole records of both caches.
+        block_stride_alignment=(math.lcm(record, record) if packed and mxfp8 else None),
+        model_version="deepseek_v4",
+        kv_quant_mode=quant_mode,
+        # bounded_replay keeps its default: it changes prefix caching, not
+        # a page, and the layer decides it from the model runner.
+    )
+    specs: dict[str, KVCacheSpec] = {}
+    for layer, ratio in enumerate(hf_config.compress_ratios):
+        prefix = f"model.layers.{layer}.attn"
+        specs[f"{prefix}.swa_cache"] = swa
+        if layer in hf_config.kv_source_layer_ids and ratio > 0:
+            specs[prefix] = _spec(
+                MLAAttentionSpec,
+                block_size=plan.compressed_block_size(ratio) or block_size,
+                num_kv_heads=1,
+                head_size=hf_config.head_dim,
+                dtype=torch.uint8 if packed else torch_dtype,
+                tokens_per_state=ratio,
+                cache_dtype_str=cache_dtype,
+                alignment=alignment if packed else 512,
+                model_version="deepseek_v4",
+                kv_quant_mode=quant_mode,
+                state_content_bytes=record if packed else None,
+            )
+    # The indexer K caches: FP8 keys (AttentionConfig's default
+    # indexer_kv_dtype; MXFP4 keys are SM10x-only and asked for).
+    index_alignment = 576 if packed and not mxfp8 else 512
+    sparse_logits = _config_default(AttentionConfig, "indexer_sparse_logits", False)
+    for layer in owning_indexer_layers(hf_config):
+        ratio = hf_config.compress_ratios[layer]
+        specs[f"model.layers.{layer}.attn.indexer.k_cache"] = _spec(
+            MLAAttentionSpec,
+            block_size=plan.indexer.block_size(ratio),
+            num_kv_heads=1,
+            head_size=_indexer_k_cache_head_dim(hf_config.index_head_dim, False),
+            dtype=torch.uint8,
+            tokens_per_state=ratio,
+            alignment=index_alignment,
+            block_stride_alignment=(
+                math.lcm(256, 1 if packed and mxfp8 else index_alignment)
+                if sparse_logits
+                else None
+            ),
         )
-        try:
-            return make(capability, *args, **kwargs)
-        finally:
-            if own is None:
-                del platform_cls.get_device_capability
-            else:
-                platform_cls.get_device_capability = own  # type: ignore[method-assign]
-
-    return wrapper
+    return specs
 
 
-@_as_the_reported_gpu
 def make_plan(
     capability: DeviceCapability,
     hf_config: Any,
@@ -262,7 +341,6 @@ def make_plan(
     envelope: "pages.SM120Envelope | None" = None,
 ) -> Plan:
     """The plan start-up makes on a GPU of ``capability``."""
-    from vllm.models.deepseek_v41.attention import _resolve_dsv4_kv_cache_dtype
     from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
     from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
         DeepseekV4FlashInferMLASparseBackend as backend,
@@ -273,7 +351,6 @@ def make_plan(
         local_heads=hf_config.num_attention_heads // max(tensor_parallel_size, 1),
     )
     try:
-        attention_cls = attention_class_for(capability)
         plan = pages.negotiate_for_model(
             capability,
             hf_config,
@@ -285,13 +362,13 @@ def make_plan(
             block_size=block_size,
             envelope=envelope,
         )
-        cache_dtype, _ = _resolve_dsv4_kv_cache_dtype(
-            attention_cls.use_fp8_ds_mla_layout, kv_cache_dtype, None
-        )
+        cache_dtype, _ = resolve_kv_cache_dtype(plan, kv_cache_dtype)
+        specs = cache_specs(plan, hf_config, kv_cache_dtype, block_size)
     except (pages.UnsupportedSparseMLAConfig, ValueError) as e:
         report.error = str(e)
         return report
 
+    attention_cls = attention_class_for(plan)
     report.attention_class = f"{attention_cls.__module__}.{attention_cls.__name__}"
     report.kernel_path = KERNEL_PATHS[plan.kernel.value]
     report.note = plan.note
@@ -299,88 +376,35 @@ def make_plan(
     report.padded_heads = plan.padded_heads
     report.kv_cache_dtype = cache_dtype
     report.swa_topks = list(plan.swa_topks)
-    specs = cache_specs(
-        capability,
-        hf_config,
-        plan,
-        kv_cache_dtype,
-        attention_cls.use_fp8_ds_mla_layout,
-        block_size,
-    )
-    swa = [s for name, s in specs.items() if name.endswith(".swa_cache")]
+    swa = specs["model.layers.0.attn.swa_cache"]
     report.caches.append(
         CachePlan(
             "swa",
             list(range(len(hf_config.compress_ratios))),
-            swa[0].block_size,
-            swa[0].block_size,
-            swa[0].page_size_bytes,
+            swa.block_size,
+            swa.block_size,
+            swa.page_size_bytes,
         )
     )
-    for ratio in sorted({r for r in hf_config.compress_ratios if r > 0}):
-        layers = [
-            i
-            for i, r in enumerate(hf_config.compress_ratios)
-            if r == ratio and f"model.layers.{i}.attn" in specs
-        ]
-        if not layers:
-            continue
-        spec = specs[f"model.layers.{layers[0]}.attn"]
-        report.caches.append(
-            CachePlan(
-                f"compressed r={ratio}",
-                layers,
-                spec.block_size,
-                spec.block_size // ratio,
-                spec.page_size_bytes,
+    for kind, suffix in (("compressed", ""), ("indexer", ".indexer.k_cache")):
+        by_ratio: dict[int, list[int]] = {}
+        for layer, ratio in enumerate(hf_config.compress_ratios):
+            if f"model.layers.{layer}.attn{suffix}" in specs:
+                by_ratio.setdefault(ratio, []).append(layer)
+        for ratio, layers in sorted(by_ratio.items()):
+            spec = specs[f"model.layers.{layers[0]}.attn{suffix}"]
+            report.caches.append(
+                CachePlan(
+                    f"{kind} r={ratio}",
+                    layers,
+                    spec.block_size,
+                    spec.block_size // ratio,
+                    spec.page_size_bytes,
+                    kernel=INDEXER_KERNEL if kind == "indexer" else None,
+                    trusted=plan.indexer.deepgemm if kind == "indexer" else None,
+                )
             )
-        )
-    indexer = plan.indexer
-    indexer_specs = indexer_cache_specs(
-        hf_config, block_size or default_block_size(plan), cache_dtype
-    )
-    for ratio in sorted({s.tokens_per_state for s in indexer_specs.values()}):
-        named = {n: s for n, s in indexer_specs.items() if s.tokens_per_state == ratio}
-        spec = next(iter(named.values()))
-        report.caches.append(
-            CachePlan(
-                f"indexer r={ratio}",
-                [int(n.split(".")[2]) for n in named],
-                spec.block_size,
-                spec.block_size // ratio,
-                spec.page_size_bytes,
-                kernel=INDEXER_KERNEL,
-                trusted=indexer.deepgemm,
-            )
-        )
     return report
-
-
-def attention_class_for(capability: DeviceCapability) -> type:
-    """The layer ``FLASHINFER_MLA_SPARSE_DSV41`` builds on ``capability``
-    (``_select_dsv4_attn_cls``): TRTLLM-gen's on SM10x, the two-segment layer
-    everywhere else."""
-    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
-
-    if capability.major == 10:
-        return fi.DeepseekV4FlashInferMLAAttention
-    return fi.DeepseekV4FlashInferSM120Attention
-
-
-def default_block_size(plan: "pages.SparseMLAPlan") -> int:
-    """The --block-size vLLM picks when the user sets none: the backend's
-    preferred size for the plan's kernel pages (upstream's without a plan of
-    its own, as on a GPU-less host)."""
-    from vllm.config.cache import CacheConfig
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
-    from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
-        DeepseekV4FlashInferMLASparseBackend,
-    )
-
-    kernel_sizes = plan.kernel_block_sizes() or (
-        DeepseekV4FlashInferMLASparseBackend.get_supported_kernel_block_sizes()
-    )
-    return pages.preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE, kernel_sizes)
 
 
 def render(report: Plan) -> str:
@@ -561,7 +585,7 @@ def _logs_to_stderr() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m vllm.v1.attention.backends.mla.sparse_mla_plan_report",
+        prog="python -m vllm_dsv41_plan",
         description=__doc__.split("\n\n")[0],
     )
     sub = parser.add_subparsers(dest="command", required=True)
