@@ -4,8 +4,7 @@
 block tables, slot mappings and metadata builders drive the Triton kernel
 (and FlashInfer's SM120 kernel on SM12x), decode steps replayed from CUDA
 graphs, every step checked against dense float64 attention
-(tests/v1/attention/dsv41/many_step_decode.py; the CPU form is
-tests/v1/attention/dsv41/test_many_step_decode.py)."""
+(tests/v1/attention/dsv41/many_step_decode.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from tests.v1.attention.dsv41 import many_step_decode as msd
-from tests.v1.attention.dsv41.test_many_step_decode import PLANS, check
+from tests.v1.attention.dsv41.many_step_decode import PLANS, check
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.platforms.interface import DeviceCapability
 

@@ -650,6 +650,22 @@ def run(
     }
 
 
+PLANS = ("sm12x", "upstream")
+
+
+def check(result: dict, tolerance: float, schedule: Schedule) -> None:
+    """What every run must show, whatever the kernel."""
+    first = schedule.requests[: schedule.running]
+    assert min(d for _, d in first) >= 200
+    assert result["steps"] >= 200
+    for ratio, error in result["max_error"].items():
+        assert error < tolerance, f"ratio {ratio}: max relative error {error:.3g}"
+    # Retired requests' pages were handed out again in every cache group.
+    assert all(n > 0 for n in result["reused_pages"].values()), result
+    # A newcomer's prefill shared a step with running decodes.
+    assert result["mixed_steps"] > 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pages", choices=("sm12x", "upstream"), required=True)

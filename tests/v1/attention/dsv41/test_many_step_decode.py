@@ -22,24 +22,11 @@ from pathlib import Path
 import pytest
 
 from tests.v1.attention.dsv41 import many_step_decode as msd
+from tests.v1.attention.dsv41.many_step_decode import PLANS, check
 
 REPO = Path(__file__).resolve().parents[4]
 # The reference is exact up to its BF16 output (unit roundoff 2^-8).
 CPU_TOLERANCE = 2**-8 + 1e-4
-PLANS = ("sm12x", "upstream")
-
-
-def check(result: dict, tolerance: float, schedule: msd.Schedule) -> None:
-    """What every run must show, whatever the kernel."""
-    first = schedule.requests[: schedule.running]
-    assert min(d for _, d in first) >= 200
-    assert result["steps"] >= 200
-    for ratio, error in result["max_error"].items():
-        assert error < tolerance, f"ratio {ratio}: max relative error {error:.3g}"
-    # Retired requests' pages were handed out again in every cache group.
-    assert all(n > 0 for n in result["reused_pages"].values()), result
-    # A newcomer's prefill shared a step with running decodes.
-    assert result["mixed_steps"] > 0
 
 
 # Minutes of Triton's interpreter per base: the default base only, to keep
