@@ -29,6 +29,18 @@ SM90, SM100, SM103 = DeviceCapability(9, 0), DeviceCapability(10, 0), (10, 3)
 SM120, SM121 = DeviceCapability(12, 0), DeviceCapability(12, 1)
 
 
+def _negotiate_fp8(capability, swa_topks, heads=64, envelope=None):
+    """The plan for a model of ``heads`` heads per GPU on an FP8 cache."""
+    return policy.negotiate(
+        capability,
+        supported_heads=Q_HEADS,
+        num_local_heads=heads,
+        kv_cache_dtype="fp8",
+        swa_topks=swa_topks,
+        envelope=envelope,
+    )
+
+
 @pytest.mark.parametrize("capability", [SM90, DeviceCapability(8, 9)])
 def test_gpus_without_flashinfer_kernels_run_triton(capability):
     plan = policy.plan_pages(capability)
@@ -41,13 +53,7 @@ def test_sm12x_without_flashinfer_runs_triton_and_says_why(
     monkeypatch, fresh_flashinfer_probe
 ):
     monkeypatch.setattr(policy, "_flashinfer_version", lambda: None)
-    geometry = policy.negotiate(
-        SM120,
-        supported_heads=Q_HEADS,
-        num_local_heads=64,
-        kv_cache_dtype="fp8",
-        swa_topks=[128],
-    )
+    geometry = _negotiate_fp8(SM120, [128])
     assert geometry.kernel == policy.SparseMLAKernel.TRITON
     assert geometry.note.startswith("FlashInfer is not installed")
     assert "portable Triton kernel" in geometry.note
@@ -77,13 +83,7 @@ def test_refusals_name_the_gpus_the_triton_kernel_runs_on():
 @runtime_pages
 def test_shapes_the_fixed_tables_lacked_run_flashinfer():
     for topks in ([1152], [384], [128, 160]):
-        geometry = policy.negotiate(
-            SM120,
-            supported_heads=Q_HEADS,
-            num_local_heads=64,
-            kv_cache_dtype="fp8",
-            swa_topks=topks,
-        )
+        geometry = _negotiate_fp8(SM120, topks)
         assert geometry.kernel == policy.SparseMLAKernel.FLASHINFER_SM120, topks
         assert geometry.note is None
 
@@ -92,27 +92,14 @@ def test_runtime_topk_flashinfer_serves_any_topk():
     envelope = policy.SM120Envelope.from_decode_config(
         "0.7.2", decode_config_stand_in()
     )
-    negotiated = policy.negotiate(
-        SM120,
-        supported_heads=Q_HEADS,
-        num_local_heads=64,
-        kv_cache_dtype="fp8",
-        swa_topks=[128, 200],
-        envelope=envelope,
-    )
+    negotiated = _negotiate_fp8(SM120, [128, 200], envelope=envelope)
     assert negotiated.kernel is policy.SparseMLAKernel.FLASHINFER_SM120
     assert negotiated.note is None
 
 
 @fixed_pages
 def test_unserved_topk_falls_back_to_triton_naming_the_supported_values():
-    geometry = policy.negotiate(
-        SM120,
-        supported_heads=Q_HEADS,
-        num_local_heads=64,
-        kv_cache_dtype="fp8",
-        swa_topks=[128, 160],
-    )
+    geometry = _negotiate_fp8(SM120, [128, 160])
     assert geometry.kernel == policy.SparseMLAKernel.TRITON
     # Pages stay FlashInfer's, so the cache geometry does not depend on it.
     assert geometry.swa_block_size == 64
@@ -123,13 +110,7 @@ def test_unserved_topk_falls_back_to_triton_naming_the_supported_values():
 
 
 def test_served_topk_runs_flashinfer():
-    geometry = policy.negotiate(
-        SM121,
-        supported_heads=Q_HEADS,
-        num_local_heads=16,
-        kv_cache_dtype="fp8",
-        swa_topks=[128],
-    )
+    geometry = _negotiate_fp8(SM121, [128], heads=16)
     assert (geometry.kernel, geometry.note) == (
         policy.SparseMLAKernel.FLASHINFER_SM120,
         None,
