@@ -22,23 +22,20 @@
     python3 .buildkite/scripts/gpu_tests.py --expect-sm 90 --exec \
         -- benchmarks/kernels/benchmark_dsv41_sparse_mla.py --out-dir .cache/bench
 
-With ``--offline PAYLOAD`` (an air-gapped agent that has Python, torch and
-Triton but no package index) steps 1 and 2 use the GPU payload that
-tools/fork/gpu_payload.py built instead: it is unpacked under
-``.cache/gpu-payload/``, its wheels and vLLM tree are installed into a folder
-there, and pytest runs from the payload with this interpreter. The GPU check
-and the rule that a run where nothing ran fails are the same.
+With ``--offline BUNDLE`` (an air-gapped agent that has Python, torch and
+Triton but no package index) steps 1 and 2 install the GPU-host bundle that
+``tools/fork/gpu_bundle.py`` built, all its parts in the folder ``BUNDLE``,
+and the run uses it with this interpreter. The GPU check and the rule that a
+run where nothing ran fails are the same.
 """
 
 import argparse
-import json
 import os
 import platform
 import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -59,8 +56,7 @@ STAMP = VENV / ".fork-gpu-stamp"
 WHEEL_STEP_KEY = "fork-wheel"
 # JUnit reports; the pipeline uploads them as artifacts (.cache/ is ignored).
 REPORTS = REPO / ".cache" / "reports"
-# Where --offline unpacks a payload and installs it.
-OFFLINE = REPO / ".cache" / "gpu-payload"
+BUNDLE = [sys.executable, "-m", "tools.fork.gpu_bundle"]
 
 
 def pinned_requirement(name: str) -> str:
@@ -107,30 +103,6 @@ def provision() -> Path:
     return venv_python(VENV)
 
 
-def unpack_payload(archive: Path) -> Path:
-    """``archive`` unpacked under ``OFFLINE`` (again only if it changed)."""
-    name = archive.name.removesuffix(".tar.gz").removesuffix(".tgz")
-    root = OFFLINE / name
-    stamp = OFFLINE / f"{name}.sha256"
-    digest = sha256_of(archive)
-    if stamp.exists() and stamp.read_text() == digest and root.is_dir():
-        log(f"reusing {root}: it holds {archive.name}")
-    else:
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-        log(f"unpacking {archive} into {root}")
-        with tarfile.open(archive) as tar:
-            tar.extractall(root, filter="data")
-        stamp.write_text(digest)
-    manifest = json.loads((root / "payload.json").read_text())
-    base = os.environ.get("VLLM_FORK_BASE", manifest["base"])
-    if base != manifest["base"]:
-        raise SystemExit(
-            f"VLLM_FORK_BASE={base}, but {archive.name} holds vLLM {manifest['base']}"
-        )
-    return root
-
-
 def check_gpu(python: Path, expected: set[int]) -> None:
     query = (
         "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA GPU';"
@@ -173,8 +145,8 @@ def main() -> None:
     parser.add_argument(
         "--offline",
         type=Path,
-        metavar="PAYLOAD",
-        help="use this GPU payload (tools/fork/gpu_payload.py), not the index",
+        metavar="BUNDLE",
+        help="install this GPU-host bundle (tools/fork/gpu_bundle.py), not the index",
     )
     parser.add_argument("args", nargs="+", help="pytest or script arguments")
     args = parser.parse_args()
@@ -184,25 +156,20 @@ def main() -> None:
     # Offline, this interpreter is the host's, with its torch and Triton.
     python = Path(sys.executable) if args.offline else provision()
     check_gpu(python, {int(sm) for sm in args.expect_sm.split(",")})
-    env = dict(os.environ)
     if args.offline:
-        payload = unpack_payload(args.offline.resolve())
-        target = OFFLINE / f"{payload.name}-site"
-        entry = [python, payload / "run_gpu_tests.py", "--target", target]
-        subprocess.run([*entry, "--check-only"], check=True)
-        # What a script (--exec) imports vllm from.
-        env["PYTHONPATH"] = str(target)
+        subprocess.run(
+            [*BUNDLE, "install", args.offline.resolve()], check=True, cwd=REPO
+        )
+    # Offline, the command runs with the bundle installed (gpu_bundle run).
+    prefix = [*BUNDLE, "run", "--"] if args.offline else []
     if args.exec:
-        sys.exit(subprocess.run([python, *args.args], cwd=REPO, env=env).returncode)
+        cmd = [*prefix, python, *args.args]
+        sys.exit(subprocess.run(cmd, cwd=REPO, check=False).returncode)
     report = REPORTS / f"{args.report}.xml"
     report.parent.mkdir(parents=True, exist_ok=True)
-    if args.offline:
-        # The entry point runs pytest from the payload's root.
-        cmd = [*entry, "--junitxml", report, "--", "-v", "-rs", *args.args]
-    else:
-        cmd = [python, "-m", "pytest", "-v", "-rs", f"--junitxml={report}"]
-        cmd += args.args
-    status = subprocess.run(cmd, cwd=REPO, env=env, check=False).returncode
+    cmd = [*prefix, python, "-m", "pytest", "-v", "-rs", f"--junitxml={report}"]
+    cmd += args.args
+    status = subprocess.run(cmd, cwd=REPO, check=False).returncode
     if status != 0:
         sys.exit(status)
     if ran_tests(report) == 0:

@@ -21,7 +21,10 @@ import struct
 import sys
 import tempfile
 import zipfile
+import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -36,10 +39,18 @@ from tools.fork.common import (  # noqa: E402
 )
 from tools.fork.fork_tree import fork_files  # noqa: E402
 
-# Local file header: signature, version, flags, method, time, date, crc32,
-# compressed size, size, name length, extra length (APPNOTE 4.3.7).
-_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+# The zip records the wheel is written as (APPNOTE.TXT 4.3.7, 4.3.12,
+# 4.3.16). zipfile can read an entry's stored bytes' place (its documented
+# ZipInfo fields) but has no public way to write them unchanged, and
+# inflating then deflating the ~770 MB of compiled parts would cost a minute
+# and change nothing; so the fork wheel is written record by record.
+_LOCAL = struct.Struct("<4s5H3L2H")
+_CENTRAL = struct.Struct("<4s6H3L5H2L")
+_END = struct.Struct("<4s4H2LH")
 _DATA_DESCRIPTOR_FLAG = 0x08
+_UTF8_FLAG = 0x800
+# A fixed timestamp for the fork's own entries keeps the wheel reproducible.
+_FIXED_TIME = (2026, 1, 1, 0, 0, 0)
 
 
 def fork_version() -> str:
@@ -58,38 +69,55 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + digest.rstrip(b"=").decode()
 
 
-def _copy_compressed(
-    src: zipfile.ZipFile, info: zipfile.ZipInfo, dst: zipfile.ZipFile
-) -> None:
-    """Append ``info``'s compressed bytes to ``dst`` without inflating them.
+def stored_entries(path: Path) -> Iterator[tuple[zipfile.ZipInfo, bytes]]:
+    """Each entry of the zip ``path`` with its bytes as stored (compressed)."""
+    with zipfile.ZipFile(path) as zf, path.open("rb") as f:
+        for info in zf.infolist():
+            f.seek(info.header_offset)
+            fields = _LOCAL.unpack(f.read(_LOCAL.size))
+            f.seek(fields[-2] + fields[-1], io.SEEK_CUR)  # name, extra field
+            yield info, f.read(info.compress_size)
 
-    zipfile has no public raw copy, and re-deflating the ~770 MB of shared
-    objects would cost a minute and change nothing.
-    """
-    assert src.fp is not None and dst.fp is not None
-    src.fp.seek(info.header_offset)
-    fields = _LOCAL_HEADER.unpack(src.fp.read(_LOCAL_HEADER.size))
-    src.fp.seek(fields[-2] + fields[-1], io.SEEK_CUR)  # name, extra
-    raw = src.fp.read(info.compress_size)
 
-    out = zipfile.ZipInfo(info.filename, info.date_time)
-    out.compress_type = info.compress_type
-    out.external_attr = info.external_attr
-    out.create_system = info.create_system
-    # Sizes go into the header we write, so no trailing data descriptor.
-    out.flag_bits = info.flag_bits & ~_DATA_DESCRIPTOR_FLAG
-    out.CRC, out.compress_size, out.file_size = (
-        info.CRC,
-        info.compress_size,
-        info.file_size,
+def _copied(info: zipfile.ZipInfo, stored: bytes) -> tuple:
+    # Sizes go in the header, so no data descriptor follows the bytes.
+    flags = info.flag_bits & ~_DATA_DESCRIPTOR_FLAG
+    return (info.filename, stored, info.CRC, info.file_size, info.compress_type,
+            flags, info.date_time, info.external_attr)  # fmt: skip
+
+
+def _deflated(name: str, data: bytes) -> tuple:
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+    stored = deflate.compress(data) + deflate.flush()
+    return (name, stored, zlib.crc32(data), len(data), zipfile.ZIP_DEFLATED, 0,
+            _FIXED_TIME, 0o644 << 16)  # fmt: skip
+
+
+def write_zip(f: BinaryIO, entries: Iterable[tuple]) -> None:
+    """A zip of ``entries`` (``_copied`` or ``_deflated``), without ZIP64: a
+    wheel that would need it is refused."""
+    central = []
+    for name, stored, crc, size, method, flags, when, attr in entries:
+        offset, encoded = f.tell(), name.encode()
+        if max(offset, size, len(stored)) >= 0xFFFFFFFF or len(central) >= 0xFFFF:
+            raise SystemExit(f"{name}: the wheel would need ZIP64")
+        flags |= 0 if name.isascii() else _UTF8_FLAG
+        year, month, day, hour, minute, second = when
+        dos = (
+            hour << 11 | minute << 5 | second // 2,
+            (year - 1980) << 9 | month << 5 | day,
+        )
+        common = (20, flags, method, *dos, crc, len(stored), size, len(encoded))
+        f.write(_LOCAL.pack(b"PK\x03\x04", *common, 0) + encoded + stored)
+        # Made by Unix (3), so that the file modes in ``attr`` apply.
+        fields = (3 << 8 | 20, *common, 0, 0, 0, 0, attr, offset)
+        central.append(_CENTRAL.pack(b"PK\x01\x02", *fields) + encoded)
+    start, directory = f.tell(), b"".join(central)
+    count = len(central)
+    f.write(
+        directory
+        + _END.pack(b"PK\x05\x06", 0, 0, count, count, len(directory), start, 0)
     )
-    out.header_offset = dst.fp.tell()
-    dst.fp.write(out.FileHeader())
-    dst.fp.write(raw)
-    dst.filelist.append(out)
-    dst.NameToInfo[out.filename] = out
-    # Where zipfile writes its next entry and, at close, the central directory.
-    dst.start_dir = dst.fp.tell()
 
 
 def build(out_dir: Path, arch: str | None = None) -> Path:
@@ -137,8 +165,7 @@ def _write(source: Path, tmp: Path, pin) -> None:
     edited, new = fork_files(source)
     files = {**edited, **new}
     with zipfile.ZipFile(source) as src:
-        upstream_names = set(src.namelist())
-        shadowing = sorted(set(files) - set(edited) & upstream_names)
+        shadowing = sorted(set(new) & set(src.namelist()))
         if shadowing:
             raise SystemExit(
                 f"new modules would replace upstream files: {shadowing}; change "
@@ -148,44 +175,32 @@ def _write(source: Path, tmp: Path, pin) -> None:
             row[0]: row[1:]
             for row in csv.reader(io.StringIO(src.read(old_info + "RECORD").decode()))
         }
-        rows: list[tuple[str, str, str]] = []
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
-            for info in src.infolist():
-                if info.filename.startswith(old_info) or info.filename in files:
-                    continue
-                _copy_compressed(src, info, dst)
-                digest, size = record[info.filename]
-                rows.append((info.filename, digest, size))
+        info_files = {
+            new_info + name[len(old_info) :]: src.read(name)
+            for name in src.namelist()
+            if name.startswith(old_info) and not name.endswith("/RECORD")
+        }
+    rows: list[tuple[str, ...]] = []
 
-            def add(name: str, data: bytes) -> None:
-                # A fixed timestamp keeps the wheel reproducible.
-                zinfo = zipfile.ZipInfo(name, (2026, 1, 1, 0, 0, 0))
-                zinfo.compress_type = zipfile.ZIP_DEFLATED
-                zinfo.external_attr = 0o644 << 16
-                dst.writestr(zinfo, data)
-                rows.append((name, _record_hash(data), str(len(data))))
+    def entries() -> Iterator[tuple]:
+        for info, stored in stored_entries(source):
+            if not info.filename.startswith(old_info) and info.filename not in files:
+                rows.append((info.filename, *record[info.filename]))
+                yield _copied(info, stored)
+        for name, data in [*sorted(files.items()), *info_files.items()]:
+            if name.endswith("/METADATA"):
+                data = _with_version(data.decode(), fork_version()).encode()
+            if name.endswith("/top_level.txt"):
+                data = _with_top_level(data.decode()).encode()
+            rows.append((name, _record_hash(data), str(len(data))))
+            yield _deflated(name, data)
+        buf = io.StringIO()
+        rows.append((new_info + "RECORD", "", ""))
+        csv.writer(buf, lineterminator="\n").writerows(rows)
+        yield _deflated(new_info + "RECORD", buf.getvalue().encode())
 
-            for name in sorted(files):
-                add(name, files[name])
-            for info in src.infolist():
-                name = info.filename
-                if not name.startswith(old_info) or name.endswith("/RECORD"):
-                    continue
-                data = src.read(info)
-                if name.endswith("/METADATA"):
-                    data = _with_version(data.decode(), fork_version()).encode()
-                if name.endswith("/top_level.txt"):
-                    data = _with_top_level(data.decode()).encode()
-                add(new_info + name[len(old_info) :], data)
-
-            buf = io.StringIO()
-            writer = csv.writer(buf, lineterminator="\n")
-            writer.writerows(rows)
-            writer.writerow((new_info + "RECORD", "", ""))
-            zinfo = zipfile.ZipInfo(new_info + "RECORD", (2026, 1, 1, 0, 0, 0))
-            zinfo.compress_type = zipfile.ZIP_DEFLATED
-            zinfo.external_attr = 0o644 << 16
-            dst.writestr(zinfo, buf.getvalue())
+    with tmp.open("wb") as f:
+        write_zip(f, entries())
 
 
 def _with_version(metadata: str, version: str) -> str:

@@ -1,0 +1,396 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The GPU-host bundle: the fork wheel, whole, and the wheels of what a GPU
+host without a package index lacks, for every run there (tests, kernel
+benchmark, engine, server).
+
+    python3 -m tools.fork.gpu_bundle describe-host > host.json   # on the host
+    python3 -m tools.fork.gpu_bundle build --host host.json [--base B]
+    python3 -m tools.fork.gpu_bundle install DIR    # on the host, once a part
+    python3 -m tools.fork.gpu_bundle run -- python3 -m pytest tests/...
+
+``build`` (here) takes pip's resolution of the base's vLLM and FlashInfer
+from the base's dev venv and keeps what the host described by ``--host``
+lacks, or holds at a version the resolution does not allow; torch and what it
+requires stay out (the host's torch is the one the runs use), and so do the
+packages in ``LEFT_OUT``. pip downloads those wheels for the host's Python
+and platform. The fork wheel and the wheels make one tar, cut into parts of
+at most ``--part-mib`` (a device call carries 64 MiB) beside ``bundle.json``.
+
+``install`` (on the host, standard library only) keeps the parts that
+arrive; exit status 3 says which are still missing. With the last part it
+checks the whole, has pip install the fork wheel and the wheels from the
+bundle's folder, with no index, into ``--target``, and reports what pip
+finds unmet and which of the wheel's compiled parts load on the host's
+torch, and why not. Nothing is replaced. ``run`` runs a command with that
+target first on the path, from a copy of the checkout's tests, benchmarks
+and tools (the checkout's own ``vllm/`` holds only the fork's new modules).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFEST = "bundle.json"
+CONTENTS = "contents.json"
+REQUIREMENTS = "requirements.txt"
+WAITING = 3
+DEFAULT_PART_MIB = 60
+# Copied from the checkout for ``run``: what the runs execute and read.
+CHECKOUT_PATHS = ("tests", "benchmarks", "tools", ".buildkite", "pyproject.toml")
+# Requirements of vLLM or FlashInfer that no run on such a host takes, by
+# why; together several hundred MB, more than a device call carries.
+LEFT_OUT = {
+    "tokenspeed-mla": "an alternative MLA kernel package vLLM imports only when chosen",
+    "quack-kernels": "CuTe DSL kernels for SM100",
+    "humming-kernels": "quantised GEMM kernels for other models",
+    "nvidia-cutlass-dsl": "FlashInfer's CuTe DSL kernels, built at run time for SM10x/12x",
+    "nvidia-cudnn-frontend": "FlashInfer's cuDNN attention path",
+    "nccl4py": "FlashInfer's multi-GPU communication",
+    "nccl-extensions": "FlashInfer's multi-GPU communication",
+    "cuda-tile": "FlashInfer's CUDA Tile kernels",
+    "pynvvideocodec": "video decoding for multimodal inputs",
+    "instanttensor": "an alternative weight loader",
+    "fastsafetensors": "an alternative weight loader",
+    "anthropic": "the Anthropic-compatible API endpoint",
+}
+# The packages a resolution of vLLM and FlashInfer starts from.
+ROOTS = ("vllm", "flashinfer-python")
+
+# Runs in the dev venv (pip's resolution is what it holds): for each
+# distribution reachable from the roots with the host's markers, its version,
+# whether torch reaches it and whether the host's version is allowed; the
+# walk does not go through the packages left out.
+RESOLUTION = r"""
+import json, sys
+from importlib import metadata
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as canon
+from packaging.version import Version
+host = json.load(open(sys.argv[1]))
+env = {"python_version": host["python"].rsplit(".", 1)[0],
+       "python_full_version": host["python"], "platform_machine": host["machine"],
+       "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
+       "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+dists = {canon(d.metadata["Name"]): d for d in metadata.distributions()}
+stop = set(json.loads(sys.argv[2]))
+def walk(roots):
+    seen, specs, todo = set(), {}, [(canon(r), ()) for r in roots]
+    while todo:
+        name, extras = todo.pop()
+        if (name, extras) in seen or name not in dists or name in stop:
+            continue
+        seen.add((name, extras))
+        for text in dists[name].requires or []:
+            req = Requirement(text)
+            if req.marker and not any(
+                req.marker.evaluate({**env, "extra": e}) for e in ("", *extras)
+            ):
+                continue
+            specs.setdefault(canon(req.name), []).append(req.specifier)
+            todo.append((canon(req.name), tuple(sorted(req.extras))))
+    return {n for n, _ in seen}, specs
+names, specs = walk(sys.argv[3:])
+by_torch, _ = walk(["torch"])
+installed = {canon(k): v for k, v in host["packages"].items()}
+out = {}
+for name in sorted(names):
+    have = installed.get(name)
+    out[name] = {
+        "version": dists[name].version,
+        "torch": name in by_torch,
+        "host": have,
+        "host_ok": have is not None
+        and all(Version(have) in s for s in specs.get(name, [])),
+    }
+print(json.dumps(out))
+"""
+
+# Runs on the host with the target on the path; prints one JSON object.
+CHECK = r"""
+import importlib, json, sys
+from importlib import metadata
+report = {"python": sys.version.split()[0], "loaded": [], "failed": {}}
+for name in ("torch", "triton", "vllm", "flashinfer-python"):
+    try:
+        report[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        report[name] = None
+import torch, vllm
+report["vllm_file"] = vllm.__file__
+report["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+for module in sys.argv[1:]:
+    try:
+        importlib.import_module(module)
+        report["loaded"].append(module)
+    except BaseException as e:  # every failure is reported, none is fatal
+        report["failed"][module] = f"{type(e).__name__}: {e}"[:600]
+print(json.dumps(report))
+"""
+
+
+def log(message: str) -> None:
+    print(f"[gpu-bundle] {message}", file=sys.stderr, flush=True)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def describe_host() -> dict:
+    """What a bundle for this host must know: its Python, CPU, glibc and
+    installed distributions."""
+    from importlib import metadata
+
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "glibc": platform.libc_ver()[1],
+        "packages": {d.metadata["Name"]: d.version for d in metadata.distributions()},
+    }
+
+
+def platform_tags(host: dict) -> list[str]:
+    """The manylinux tags whose wheels the host's glibc loads, newest first."""
+    minor, arch = int(host["glibc"].split(".")[1]), host["machine"]
+    tags = [f"manylinux_2_{m}_{arch}" for m in range(minor, 16, -1)]
+    return [*tags, f"manylinux2014_{arch}", f"manylinux1_{arch}"]
+
+
+def plan(host: dict, venv_python: Path, host_file: Path) -> tuple[dict, dict]:
+    """(name -> version to ship, name -> why it stays out) for ``host``."""
+    from tools.fork.common import load_pin
+
+    out = subprocess.run(
+        [venv_python, "-c", RESOLUTION, host_file, json.dumps(list(LEFT_OUT)), *ROOTS],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    ship, out_why = {}, {}
+    for name, d in json.loads(out).items():
+        if name == "vllm":
+            continue
+        if d["host_ok"]:
+            out_why[name] = f"the host has {d['host']}"
+        elif d["torch"] or name in load_pin().INCOMPATIBLE_PACKAGES:
+            out_why[name] = "comes with the host's torch"
+        else:
+            ship[name] = d["version"]
+    return ship, {**out_why, **LEFT_OUT}
+
+
+def build(host_file: Path, out: Path, part_bytes: int, venv: Path) -> dict:
+    """Write the parts and ``bundle.json`` into ``out`` (emptied first)."""
+    from tools.fork.build_wheel import build as build_wheel
+    from tools.fork.common import load_pin, run_pip, venv_python
+
+    host = json.loads(host_file.read_text())
+    wheel = build_wheel(REPO / "dist")
+    ship, left_out = plan(host, venv_python(venv), host_file)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        wheels = Path(tmp, "wheels")
+        platforms = [a for tag in platform_tags(host) for a in ("--platform", tag)]
+        run_pip(
+            Path(sys.executable), "download", "-q", "--no-deps",
+            "--only-binary=:all:", "--python-version", host["python"].rsplit(".", 1)[0],
+            "--implementation", "cp", *platforms, "-d", wheels,
+            *(f"{n}=={v}" for n, v in ship.items()), env=dict(os.environ),
+        )  # fmt: skip
+        requirements = "".join(f"{n}=={v}\n" for n, v in ship.items())
+        (wheels / REQUIREMENTS).write_text(requirements)
+        contents = {
+            "base": load_pin().VLLM_VERSION,
+            "wheel": wheel.name,
+            "wheel_sha256": sha256_of(wheel),
+            "host": host_file.name,
+            "python": host["python"],
+            "shipped": ship,
+            "left_out": left_out,
+        }
+        Path(tmp, CONTENTS).write_text(json.dumps(contents, indent=1))
+        whole = out / "bundle.tar"
+        with tarfile.open(whole, "w", format=tarfile.PAX_FORMAT) as tar:
+            tar.add(Path(tmp, CONTENTS), CONTENTS)
+            tar.add(wheel, wheel.name)
+            for path in sorted(wheels.iterdir()):
+                tar.add(path, f"wheels/{path.name}")
+    manifest = {**contents, **split(whole, part_bytes)}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def split(whole: Path, part_bytes: int) -> dict:
+    """Cut ``whole`` into ``part-NN`` files beside it, then delete it."""
+    parts = []
+    with whole.open("rb") as f:
+        while chunk := f.read(part_bytes):
+            name = whole.with_name(f"part-{len(parts):02d}")
+            name.write_bytes(chunk)
+            digest = hashlib.sha256(chunk).hexdigest()
+            parts.append({"file": name.name, "bytes": len(chunk), "sha256": digest})
+    sha256 = sha256_of(whole)
+    whole.unlink()
+    return {"parts": parts, "sha256": sha256}
+
+
+def collect(parts_dir: Path, state: Path) -> tuple[dict, list[str]]:
+    """Keep the parts that arrived; (manifest, the parts still missing)."""
+    manifest = json.loads((parts_dir / MANIFEST).read_text())
+    held = state / MANIFEST
+    if held.exists() and json.loads(held.read_text())["sha256"] != manifest["sha256"]:
+        log(f"{state} holds another bundle: starting over")
+        shutil.rmtree(state)
+    state.mkdir(parents=True, exist_ok=True)
+    held.write_text(json.dumps(manifest))
+    for part in manifest["parts"]:
+        src, dst = parts_dir / part["file"], state / part["file"]
+        if dst.exists() or not src.exists():
+            continue
+        if sha256_of(src) != part["sha256"]:
+            raise SystemExit(f"{src} does not match {MANIFEST}: build it again")
+        shutil.copyfile(src, dst)
+        log(f"received {part['file']}")
+    missing = [p["file"] for p in manifest["parts"] if not (state / p["file"]).exists()]
+    return manifest, missing
+
+
+def unpack(manifest: dict, state: Path) -> Path:
+    """The joined parts, checked and unpacked under ``state/unpacked``."""
+    root = state / "unpacked"
+    if (root / CONTENTS).exists():
+        return root
+    whole = state / "bundle.tar"
+    with whole.open("wb") as out:
+        for part in manifest["parts"]:
+            out.write((state / part["file"]).read_bytes())
+    if sha256_of(whole) != manifest["sha256"]:
+        raise SystemExit("the joined parts do not match the bundle's sha256")
+    with tarfile.open(whole) as tar:
+        tar.extractall(root, filter="data")
+    whole.unlink()
+    return root
+
+
+def install(manifest: dict, root: Path, target: Path) -> dict:
+    """pip installs the bundle into ``target``; returns the check's report."""
+    stamp = target / ".gpu-bundle"
+    if not (stamp.exists() and stamp.read_text() == manifest["sha256"]):
+        shutil.rmtree(target, ignore_errors=True)
+        wheels = root / "wheels"
+        # --no-deps: with --target pip cannot see the host's packages, so the
+        # resolution is the one made for this host when the bundle was built.
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index"]
+        pip += ["--find-links", str(wheels), "--no-deps", "--no-compile"]
+        pip += ["--target", str(target), str(root / manifest["wheel"])]
+        subprocess.run([*pip, "-r", str(wheels / REQUIREMENTS)], check=True)
+        stamp.write_text(manifest["sha256"])
+    env = environment(target, manifest)
+    compiled = sorted(
+        ".".join(p.relative_to(target).with_name(p.name.split(".")[0]).parts)
+        for p in (target / "vllm").rglob("*.so")
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK, *dict.fromkeys(compiled)],
+        env=env, capture_output=True, text=True, cwd=target.parent,
+    )  # fmt: skip
+    if out.returncode:
+        raise SystemExit(f"vLLM does not import from {target}:\n{out.stderr[-3000:]}")
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    if not Path(report["vllm_file"]).resolve().is_relative_to(target.resolve()):
+        raise SystemExit(f"vllm imported from {report['vllm_file']}, not {target}")
+    # pip's own word on what this host leaves unmet (torch's pin, LEFT_OUT).
+    unmet = subprocess.run(
+        [sys.executable, "-m", "pip", "check"], env=env, capture_output=True, text=True
+    ).stdout.splitlines()
+    report.update(wheel_sha256=manifest["wheel_sha256"], pip_check=unmet)
+    (target / "bundle-check.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def environment(target: Path, manifest: dict) -> dict[str, str]:
+    env = dict(os.environ, VLLM_FORK_BASE=manifest["base"])
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(target), env.get("PYTHONPATH")])
+    )
+    return env
+
+
+def run_here(state: Path, target: Path, command: list[str]) -> int:
+    """``command`` with the installed bundle, from a copy of the checkout."""
+    manifest = json.loads((state / MANIFEST).read_text())
+    work = state / "checkout"
+    shutil.rmtree(work, ignore_errors=True)
+    for rel in CHECKOUT_PATHS:
+        src = REPO / rel
+        if src.is_dir():
+            shutil.copytree(
+                src, work / rel, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        elif src.exists():
+            work.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, work / rel)
+    env = environment(target, manifest)
+    return subprocess.run(command, cwd=work, env=env).returncode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    sub.add_parser("describe-host", help="print this host's description (JSON)")
+    b = sub.add_parser("build", help="build the bundle for a described host")
+    b.add_argument("--host", type=Path, required=True, help="describe-host's JSON")
+    b.add_argument("--base", default=None, help="vLLM base (default: the pin's)")
+    b.add_argument("--out", type=Path, help="default: dist/gpu-bundle-vllm-<base>-cpXY")
+    b.add_argument("--part-mib", type=int, default=DEFAULT_PART_MIB)
+    for name, what in (("install", "keep parts; install"), ("run", "run a command")):
+        p = sub.add_parser(name, help=what)
+        if name == "install":
+            p.add_argument("parts", type=Path, help=f"folder with {MANIFEST} and parts")
+        p.add_argument("--state", type=Path, default=Path("/tmp/gpu-bundle"))
+        p.add_argument("--target", type=Path, default=Path("/tmp/gpu-site"))
+        if name == "run":
+            p.add_argument("command", nargs="+", help="after --: the command")
+    args = parser.parse_args()
+    if args.verb == "describe-host":
+        print(json.dumps(describe_host(), indent=1))
+    elif args.verb == "build":
+        from tools.fork.common import select_base, venv_dir
+
+        if args.part_mib < 1:
+            parser.error("--part-mib must be at least 1")
+        pin = select_base(args.base)
+        python = json.loads(args.host.read_text())["python"]
+        tag = "cp" + "".join(python.split(".")[:2])
+        out = args.out or REPO / "dist" / f"gpu-bundle-vllm-{pin.VLLM_VERSION}-{tag}"
+        manifest = build(args.host, out, args.part_mib << 20, venv_dir(".venv"))
+        print(json.dumps({k: v for k, v in manifest.items() if k != "parts"}, indent=1))
+        log(f"{out}: {len(manifest['parts'])} parts; send {MANIFEST} and one a call")
+    elif args.verb == "install":
+        manifest, missing = collect(args.parts, args.state)
+        if missing:
+            log(f"still missing: {', '.join(missing)}")
+            sys.exit(WAITING)
+        report = install(manifest, unpack(manifest, args.state), args.target)
+        print(json.dumps(report, indent=1))
+        for module, why in report["failed"].items():
+            log(f"does not load here: {module}: {why}")
+    else:
+        sys.exit(run_here(args.state, args.target, args.command))
+
+
+if __name__ == "__main__":
+    main()
