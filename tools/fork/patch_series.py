@@ -7,9 +7,9 @@ patches against a pristine vLLM tree, one patch per concern.
 
 The pristine tree is the pinned wheel's Python package (its compiled parts
 left out); each patch adds the edits of its concern (tools/fork/edits.py)
-and the new files of its concern (``SERIES_FILES``) on top of the previous
-one, so the series applies in order and each patch says why it exists.
-Nothing here is committed: the diffs are made at build time.
+and its new files on top of the previous one, so the series applies in
+order; tools/fork/series.toml declares each patch's files and the message
+saying why it exists. The diffs are made at build time, never committed.
 """
 
 import argparse
@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -35,163 +35,30 @@ from tools.fork.common import (  # noqa: E402
     upstream_wheel,
 )
 from tools.fork.edit_engine import apply_edits  # noqa: E402
-from tools.fork.edits import CONCERNS, EDITS, PAGES, TRITON, VALIDATION  # noqa: E402
+from tools.fork.edits import CONCERNS, EDITS, PAGES  # noqa: E402
 from tools.fork.module_stages import earlier_stage  # noqa: E402
 
+_SERIES = tomllib.loads(Path(__file__).with_name("series.toml").read_text())
 # The repository's files each patch adds, by concern (glob patterns).
 SERIES_FILES: dict[str, tuple[str, ...]] = {
-    PAGES: (
-        "vllm/v1/attention/backends/mla/indexer_pages.py",
-        "vllm/models/deepseek_v41/nvidia/sparse_mla_pages.py",
-        "tests/models/deepseek_v41/conftest.py",
-        "tests/models/deepseek_v41/test_indexer_cache_pages.py",
-        "tests/models/deepseek_v41/test_sparse_mla_pages.py",
-        "tests/v1/attention/dsv41/flashinfer_release.py",
-    ),
-    VALIDATION: (
-        "tests/models/deepseek_v41/layer_config.py",
-        "tests/models/deepseek_v41/test_sparse_mla_validation.py",
-    ),
-    TRITON: (
-        "vllm/models/deepseek_v41/nvidia/sparse_mla_launcher.py",
-        "vllm/v1/attention/ops/triton_dsv41_sparse_mla.py",
-        "tests/models/deepseek_v41/test_sparse_mla_launcher.py",
-        "tests/models/deepseek_v41/test_sparse_mla_triton_fallback.py",
-        "tests/v1/attention/dsv41/*.py",
-        "tests/kernels/attention/test_*dsv41*.py",
-        "tests/kernels/attention/test_gpu_tests_use_live_names.py",
-        "tests/kernels/attention/dsv41_offline_compile.py",
-        "benchmarks/kernels/*dsv41_sparse_mla*.py",
-        # The benchmark's FlashMLA peer, run from a module built elsewhere.
-        "benchmarks/kernels/flashmla_peer.py",
-        # The GPU steps of every patch's tests, for vLLM's pipeline generator.
-        ".buildkite/test_areas/deepseek_v4_1_blackwell.yaml",
-    ),
+    c: tuple(_SERIES["files"][c]) for c in CONCERNS
 }
-# New modules that a later patch extends, and the definitions each later
-# concern adds to them: an earlier patch adds the module without those
-# (tools/fork/module_stages.py), so it holds only its own concern.
-PAGES_MODULE = "vllm/models/deepseek_v41/nvidia/sparse_mla_pages.py"
+# The definitions each later concern adds to a module an earlier patch adds.
 LATER_DEFINITIONS: dict[str, dict[str, tuple[str, ...]]] = {
-    PAGES_MODULE: {
-        VALIDATION: (
-            "PLAIN_ROW_KV_CACHE_DTYPES",
-            "PACKED_KV_CACHE_DTYPES",
-            "BLOCK_SIZE_CHOICES",
-            "SparseMLAPlan.padded_heads",
-            "SparseMLAPlan.swa_topks",
-            "SparseMLAPlan.kv_cache_dtype",
-            "_refuse",
-            "pad_q_heads",
-            "check_kv_cache_dtype",
-            "swa_topks",
-            "negotiate",
-            "_check_model_shape",
-            "negotiate_for_model",
-            "PagedBackends",
-            "_block_size_refusal",
-            "check_block_size",
-            "negotiate_layer",
-            "supports_compute_capability",
-            "unsupported_reason",
-        ),
-        TRITON: (
-            "TRITON_MIN_CAPABILITY",
-            "SparseMLAKernel.TRITON",
-            "SparseMLAPlan.note",
-            "SparseMLAPlan.serves",
-            "_triton_plan",
-            "_triton_for_unserved_shapes",
-        ),
-    },
+    path: {c: tuple(names) for c, names in added.items()}
+    for path, added in _SERIES["later_definitions"].items()
 }
-# Files of the fork that upstream does not need: the pre-0.30.0 import path,
-# package markers (upstream's tests/ and tools/ are not packages), and the
-# plan report, the fork's own command, with the tests that build on it.
-FORK_ONLY = (
-    "vllm/models/deepseek_v4_1/*",
-    "tests/models/deepseek_v4_1/*",
-    "*__init__.py",
-    "vllm_dsv41_plan/*",
-    "tests/plan_report/*",
-    "tests/models/deepseek_v41/test_indexer_pages.py",
-    "tests/models/deepseek_v41/test_kv_cache_planning.py",
-    # Minutes of Triton's interpreter on CPU; the series runs the same decode
-    # on the GPU (tests/kernels/attention/test_dsv41_many_step_decode.py).
-    "tests/v1/attention/dsv41/test_many_step_decode.py",
-)
-
-# Each patch's title and why it exists (the commit message). PAGES says what
-# fails on the base: the indexer's pages everywhere, and the sliding-window
-# and compressed pages too where FlashInfer's SM120 kernels fix their page.
-INDEXER_FAILURE = """
-DeepSeek V4.1 pages each kv-source layer's indexer K cache with
---block-size tokens, so a ratio-1 layer gets pages of --block-size
-compressed states. DeepGEMM's paged MQA logits take only some state
-counts per page on each GPU (64 on SM12x with the DeepGEMM vLLM ships
-here, 32 or 64 with newer ones), so at the default --block-size 128 the
-first indexer decode on SM12x fails DeepGEMM's host check, and no single
---block-size serves both the ratio-1 and the ratio-2 layers.
-
-Page every indexer K cache at 64 compressed states (64 * compress_ratio
-tokens), which DeepGEMM takes on every GPU it serves, and have
-DeepseekV41IndexerBackend report those kernel pages. The indexer cache
-asks DeepGEMM once while the model is built, so a DeepGEMM that refuses
-the pages fails at start-up naming the pages it takes.
-"""
-FIXED_SM120_PAGES = """
-FlashInfer's SM120 DSV4 decode kernels are built here for 64-entry pages
-only, while the sliding-window cache is paged in 32 tokens and the
-compressed KV in --block-size tokens, so the first SM120 decode fails as
-well. A page policy reads what the installed FlashInfer serves (its
-fixed tables, or supported_sparse_mla_sm120_configs()) and the backends
-answer from it: get_swa_block_size() sizes the SWA cache,
-get_compressed_block_size(ratio) the compressed-KV spec (64 states per
-page), and get_supported_kernel_block_sizes() / get_preferred_block_size()
-report those pages.
-"""
-RUNTIME_SM120_PAGES = """
-The sliding-window and compressed-KV caches get their page from the
-backend too (get_swa_block_size(), get_compressed_block_size(ratio)):
-FlashInfer's SM120 kernels take the page at run time, so both keep
-today's pages, and a FlashInfer built for fixed pages gets the pages its
-tables name.
-"""
-PAGES_TITLE = "[Bugfix] DeepSeek V4.1: KV-cache pages every sparse kernel reads"
-MESSAGES = {
-    VALIDATION: (
-        "[Attention] DeepSeek V4.1: refuse unserved sparse-MLA setups at start-up",
-        """
-        Every DeepSeek V4.1 layer negotiates with its backend before it builds
-        a cache. The FlashInfer backend checks the GPU, the head count after
-        tensor parallelism, the KV-cache dtype and --block-size (against the
-        sparse-MLA and the indexer kernels' pages, with vLLM's own kernel-page
-        selection) and raises one message naming what is supported and how
-        to fix it; supports_combination() makes the same checks.
-        """,
-    ),
-    TRITON: (
-        "[Kernel] DeepSeek V4.1: portable Triton sparse-MLA fallback",
-        """
-        A Triton kernel with FlashInfer's two-segment sparse-MLA contract. It
-        runs by itself only where no FlashInfer kernel serves the model: an
-        SM12x decode shape the installed FlashInfer's SM120 kernels lack, or
-        an SM12x host without FlashInfer's SM120 kernels. On SM89/SM90 it
-        runs when FLASHINFER_MLA_SPARSE_DSV41 is asked for by name (FlashMLA
-        stays the default there). Its tiles fit 99 KB shared-memory GPUs.
-        With its tests and benchmark.
-        """,
-    ),
-}
+# The fork's files that upstream does not need.
+FORK_ONLY: tuple[str, ...] = tuple(_SERIES["fork_only"])
 
 
 def _message(concern: str, fixed_sm120_pages: bool) -> tuple[str, str]:
-    if concern != PAGES:
-        title, body = MESSAGES[concern]
-        return title, textwrap.dedent(body).strip()
-    pages = FIXED_SM120_PAGES if fixed_sm120_pages else RUNTIME_SM120_PAGES
-    body = f"{INDEXER_FAILURE.strip()}\n\n{pages.strip()}"
-    return PAGES_TITLE, body
+    message = _SERIES["messages"][concern]
+    body = message["body"].strip()
+    if concern == PAGES:
+        pages = "fixed" if fixed_sm120_pages else "runtime"
+        body += "\n\n" + message[f"{pages}_sm120_pages"].strip()
+    return message["title"], body
 
 
 def sm120_pages_fixed(flashinfer_version: str) -> bool:
@@ -202,11 +69,10 @@ def sm120_pages_fixed(flashinfer_version: str) -> bool:
 
 
 def _concern_of(path: str) -> str | None:
-    if any(fnmatch.fnmatch(path, p) for p in FORK_ONLY):
-        return None
-    for concern, patterns in SERIES_FILES.items():
-        if any(fnmatch.fnmatch(path, p) for p in patterns):
-            return concern
+    if not any(fnmatch.fnmatch(path, p) for p in FORK_ONLY):
+        for concern, patterns in SERIES_FILES.items():
+            if any(fnmatch.fnmatch(path, p) for p in patterns):
+                return concern
     return None
 
 
@@ -226,22 +92,23 @@ def series_files() -> dict[str, list[str]]:
 def staged_modules(concern: str) -> dict[str, str]:
     """The new modules that later patches extend, as the patch of
     ``concern`` leaves them."""
-    later = CONCERNS[CONCERNS.index(concern) + 1 :]
-    out = {}
-    for path, added in LATER_DEFINITIONS.items():
-        if _concern_of(path) in CONCERNS[: CONCERNS.index(concern) + 1]:
-            removed = [name for c in later for name in added.get(c, ())]
-            out[path] = earlier_stage((REPO / path).read_text(), removed)
-    return out
+    done = CONCERNS.index(concern) + 1
+    return {
+        path: earlier_stage(
+            (REPO / path).read_text(),
+            [name for c in CONCERNS[done:] for name in added.get(c, ())],
+        )
+        for path, added in LATER_DEFINITIONS.items()
+        if _concern_of(path) in CONCERNS[:done]
+    }
 
 
 def extract_pristine(wheel: Path, tree: Path) -> None:
     """The wheel's ``vllm`` package without its compiled parts."""
     with zipfile.ZipFile(wheel) as zf:
-        for info in zf.infolist():
-            name = info.filename
+        for name in zf.namelist():
             if name.startswith("vllm/") and not name.endswith((".so", "/")):
-                zf.extract(info, tree)
+                zf.extract(name, tree)
 
 
 def signer(author: str | None = None) -> tuple[str, str] | None:
@@ -252,28 +119,22 @@ def signer(author: str | None = None) -> tuple[str, str] | None:
         if match is None:
             raise SystemExit(f"--author {author!r}: expected 'Name <email>'")
         return match[1], match[2]
-
-    def config(key: str) -> str:
-        return subprocess.run(
+    name, email = (
+        subprocess.run(
             ["git", "config", key], cwd=REPO, capture_output=True, text=True
         ).stdout.strip()
-
-    name, email = config("user.name"), config("user.email")
+        for key in ("user.name", "user.email")
+    )
     return (name, email) if name and email else None
 
 
 def _git(tree: Path, *args: str, identity: tuple[str, str] | None = None) -> str:
     # A fixed date keeps the generated series byte-reproducible.
     name, email = identity or ("unsigned", "unsigned@invalid")
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": name,
-        "GIT_COMMITTER_NAME": name,
-        "GIT_AUTHOR_EMAIL": email,
-        "GIT_COMMITTER_EMAIL": email,
-        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
-        "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000",
-    }
+    env = os.environ.copy()
+    for role in ("AUTHOR", "COMMITTER"):
+        env[f"GIT_{role}_NAME"], env[f"GIT_{role}_EMAIL"] = name, email
+        env[f"GIT_{role}_DATE"] = "2026-01-01T00:00:00+0000"
     return subprocess.run(
         ["git", *args], cwd=tree, env=env, check=True, capture_output=True, text=True
     ).stdout
@@ -282,12 +143,12 @@ def _git(tree: Path, *args: str, identity: tuple[str, str] | None = None) -> str
 def non_test_lines(numstat: str) -> int:
     """Added plus removed lines outside tests/ and benchmarks/ in ``git diff
     --numstat`` output."""
-    total = 0
-    for line in numstat.splitlines():
-        added, removed, path = line.split("\t", 2)
-        if not path.startswith(("tests/", "benchmarks/")) and added != "-":
-            total += int(added) + int(removed)
-    return total
+    rows = (line.split("\t", 2) for line in numstat.splitlines())
+    return sum(
+        int(added) + int(removed)
+        for added, removed, path in rows
+        if not path.startswith(("tests/", "benchmarks/")) and added != "-"
+    )
 
 
 def default_out_dir() -> Path:
@@ -316,8 +177,7 @@ def generate(out_dir: Path, author: str | None = None) -> list[Path]:
         _git(tree, "add", "-A")
         _git(tree, "commit", "-q", "-m", f"vLLM {pin.VLLM_VERSION}")
         for i, concern in enumerate(CONCERNS):
-            wanted = set(CONCERNS[: i + 1])
-            edits = [e for e in EDITS if e.concern in wanted]
+            edits = [e for e in EDITS if e.concern in CONCERNS[: i + 1]]
             edited = apply_edits(lambda p: zf.read(p).decode(), edits, pin.VLLM_VERSION)
             for path, text in edited.items():
                 (tree / path).write_text(text)
@@ -341,15 +201,12 @@ def generate(out_dir: Path, author: str | None = None) -> list[Path]:
         )  # fmt: skip
     patches = sorted(out_dir.glob("*.patch"))
     for patch in patches:
-        added = removed = 0
-        touched = set()
-        for line in patch.read_text().splitlines():
-            if line.startswith("+++ b/"):
-                touched.add(line[6:])
-            elif line.startswith("+") and not line.startswith("+++"):
-                added += 1
-            elif line.startswith("-") and not line.startswith("---"):
-                removed += 1
+        lines = patch.read_text().splitlines()
+        touched = {line[6:] for line in lines if line.startswith("+++ b/")}
+        added, removed = (
+            sum(line[:1] == mark and line[:3] != mark * 3 for line in lines)
+            for mark in "+-"
+        )
         log(f"{patch.name}: {len(touched)} files, +{added} -{removed}")
     return patches
 
