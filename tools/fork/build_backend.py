@@ -1,14 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """PEP 517 backend: ``pip wheel --no-deps .`` and ``python -m build --wheel``
-at the repository root build the fork wheel.
-
-The base is ``VLLM_FORK_BASE`` (default: the pin's), or the config setting
-``base`` (``pip wheel . --config-settings base=0.33.0``).
-
-Like vLLM's precompiled route for Python-only changes, nothing is compiled:
-the wheel is the pinned upstream wheel with the fork's edits and modules
-(tools/fork/build_wheel.py), byte for byte what the main job builds.
+at the repository root build the fork wheel, byte for byte what the main job
+builds (tools/fork/build_wheel.py; nothing is compiled). The base is
+``VLLM_FORK_BASE`` or the config setting ``base`` (``--config-settings base=0.33.0``).
 """
 
 import sys
@@ -18,10 +13,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.fork.build_wheel import build  # noqa: E402
 from tools.fork.common import select_base  # noqa: E402
-
-
-def get_requires_for_build_wheel(config_settings=None) -> list[str]:
-    return []
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None) -> str:

@@ -1,28 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The fork's files: upstream files with the in-place edits applied, plus the
-fork's new modules and its own top-level packages.
-
-Both the fork wheel and the development venv are made from this one answer,
-so they cannot differ.
+"""The fork's files, keyed by their path in the wheel: upstream files with the
+in-place edits applied, the new modules and the fork's own packages. The wheel
+and the dev venv are both made from this one answer, so they cannot differ.
 """
 
 import zipfile
 from pathlib import Path
 
-from tools.fork.common import (
-    REPO,
-    fork_package_files,
-    load_pin,
-    log,
-    new_module_files,
-)
+from tools.fork.common import REPO, fork_package_files, load_pin, log, new_module_files
 from tools.fork.edit_engine import apply_edits
 from tools.fork.edits import EDITS
 
 
 def edited_upstream_files(wheel: Path) -> dict[str, bytes]:
-    """Each upstream file the edits change, edited, keyed by its wheel path."""
     with zipfile.ZipFile(wheel) as src:
         names = set(src.namelist())
 
@@ -35,18 +26,11 @@ def edited_upstream_files(wheel: Path) -> dict[str, bytes]:
     return {path: text.encode() for path, text in edited.items()}
 
 
-def new_files() -> dict[str, bytes]:
-    """The fork's new modules and its own packages, keyed by their path in
-    the wheel."""
-    paths = [*new_module_files(), *fork_package_files()]
-    return {str(p): (REPO / p).read_bytes() for p in paths}
-
-
 def fork_files(wheel: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
-    """(edited upstream files, the fork's new files), each keyed by its path
-    in the wheel; says which upstream files the edits change."""
+    """(edited upstream files, new files); logs which upstream files change."""
     edited = edited_upstream_files(wheel)
     log(f"in-place edits: {len(EDITS)} edits in {len(edited)} upstream files")
     for path in sorted(edited):
         log(f"  edited {path}")
-    return edited, new_files()
+    paths = [*new_module_files(), *fork_package_files()]
+    return edited, {str(p): (REPO / p).read_bytes() for p in paths}

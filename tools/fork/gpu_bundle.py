@@ -1,30 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The GPU-host bundle: the fork wheel, whole, and the wheels of what a GPU
-host without a package index lacks, for every run there (tests, kernel
-benchmark, engine, server).
+"""Build, install and run the GPU-host bundle: the fork wheel and what a host lacks.
 
     python3 -m tools.fork.gpu_bundle describe-host > host.json   # on the host
     python3 -m tools.fork.gpu_bundle build --host host.json [--base B]
     python3 -m tools.fork.gpu_bundle install DIR    # on the host, once a part
     python3 -m tools.fork.gpu_bundle run -- python3 -m pytest tests/...
 
-``build`` (here) takes pip's resolution of the base's vLLM and FlashInfer
-from the base's dev venv and keeps what the host described by ``--host``
-lacks, or holds at a version the resolution does not allow; torch and what it
-requires stay out (the host's torch is the one the runs use), and so do the
-packages in ``LEFT_OUT``. pip downloads those wheels for the host's Python
-and platform. The fork wheel and the wheels make one tar, cut into parts of
-at most ``--part-mib`` (a device call carries 64 MiB) beside ``bundle.json``.
-
-``install`` (on the host, standard library only) keeps the parts that
-arrive; exit status 3 says which are still missing. With the last part it
-checks the whole, has pip install the fork wheel and the wheels from the
-bundle's folder, with no index, into ``--target``, and reports what pip
-finds unmet and which of the wheel's compiled parts load on the host's
-torch, and why not. Nothing is replaced. ``run`` runs a command with that
-target first on the path, from a copy of the checkout's tests, benchmarks
-and tools (the checkout's own ``vllm/`` holds only the fork's new modules).
+For a GPU host with Python, torch and Triton but no package index. ``build``
+keeps, of pip's resolution of vLLM and FlashInfer (the base's dev venv), what
+the described host lacks or holds at a version the resolution refuses, less
+torch's own requirements and ``LEFT_OUT``; pip downloads those wheels for the
+host's Python and glibc, and the fork wheel, whole, travels with them in
+parts of one device call each. ``install`` (standard library only) keeps the
+parts as they arrive and, with the last, has pip install everything from the
+bundle with no index and reports what pip finds unmet and which compiled
+parts load on the host's torch. Nothing is stubbed. ``run`` runs a command
+with it from a copy of the checkout's tests, benchmarks and tools (the
+checkout's ``vllm/`` holds only the new modules, which would shadow it).
 """
 
 import argparse
@@ -39,7 +32,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tools.fork.common import REPO, log, sha256_of
+
 MANIFEST = "bundle.json"
 CONTENTS = "contents.json"
 REQUIREMENTS = "requirements.txt"
@@ -53,7 +47,7 @@ LEFT_OUT = {
     "tokenspeed-mla": "an alternative MLA kernel package vLLM imports only when chosen",
     "quack-kernels": "CuTe DSL kernels for SM100",
     "humming-kernels": "quantised GEMM kernels for other models",
-    "nvidia-cutlass-dsl": "FlashInfer's CuTe DSL kernels, built at run time for SM10x/12x",
+    "nvidia-cutlass-dsl": "FlashInfer's CuTe DSL kernels, built at run time on SM10x",
     "nvidia-cudnn-frontend": "FlashInfer's cuDNN attention path",
     "nccl4py": "FlashInfer's multi-GPU communication",
     "nccl-extensions": "FlashInfer's multi-GPU communication",
@@ -138,18 +132,6 @@ print(json.dumps(report))
 """
 
 
-def log(message: str) -> None:
-    print(f"[gpu-bundle] {message}", file=sys.stderr, flush=True)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def describe_host() -> dict:
     """What a bundle for this host must know: its Python, CPU, glibc and
     installed distributions."""
@@ -223,11 +205,16 @@ def build(host_file: Path, out: Path, part_bytes: int, venv: Path) -> dict:
         }
         Path(tmp, CONTENTS).write_text(json.dumps(contents, indent=1))
         whole = out / "bundle.tar"
+        # Fixed times and owners: a rebuild of the same bundle has its sha256,
+        # so a host that holds some of its parts keeps them.
+        same = lambda info: info.replace(
+            mtime=0, uid=0, gid=0, uname="", gname="", deep=False
+        )  # noqa: E731
         with tarfile.open(whole, "w", format=tarfile.PAX_FORMAT) as tar:
-            tar.add(Path(tmp, CONTENTS), CONTENTS)
-            tar.add(wheel, wheel.name)
+            tar.add(Path(tmp, CONTENTS), CONTENTS, filter=same)
+            tar.add(wheel, wheel.name, filter=same)
             for path in sorted(wheels.iterdir()):
-                tar.add(path, f"wheels/{path.name}")
+                tar.add(path, f"wheels/{path.name}", filter=same)
     manifest = {**contents, **split(whole, part_bytes)}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -314,8 +301,9 @@ def install(manifest: dict, root: Path, target: Path) -> dict:
         raise SystemExit(f"vllm imported from {report['vllm_file']}, not {target}")
     # pip's own word on what this host leaves unmet (torch's pin, LEFT_OUT).
     unmet = subprocess.run(
-        [sys.executable, "-m", "pip", "check"], env=env, capture_output=True, text=True
-    ).stdout.splitlines()
+        [sys.executable, "-m", "pip", "check"],
+        env=env, capture_output=True, text=True, cwd=target.parent,
+    ).stdout.splitlines()  # fmt: skip
     report.update(wheel_sha256=manifest["wheel_sha256"], pip_check=unmet)
     (target / "bundle-check.json").write_text(json.dumps(report, indent=1))
     return report
@@ -380,6 +368,8 @@ def main() -> None:
         print(json.dumps({k: v for k, v in manifest.items() if k != "parts"}, indent=1))
         log(f"{out}: {len(manifest['parts'])} parts; send {MANIFEST} and one a call")
     elif args.verb == "install":
+        if not (args.parts / MANIFEST).is_file():
+            parser.error(f"{args.parts} has no {MANIFEST}: give the bundle's folder")
         manifest, missing = collect(args.parts, args.state)
         if missing:
             log(f"still missing: {', '.join(missing)}")
@@ -388,6 +378,8 @@ def main() -> None:
         print(json.dumps(report, indent=1))
         for module, why in report["failed"].items():
             log(f"does not load here: {module}: {why}")
+    elif not (args.state / MANIFEST).is_file():
+        parser.error(f"{args.state} holds no bundle: run install first")
     else:
         sys.exit(run_here(args.state, args.target, args.command))
 

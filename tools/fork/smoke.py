@@ -4,17 +4,15 @@
 
     <venv>/bin/python tools/fork/smoke.py
 
-Exits non-zero unless the installed vLLM is the fork wheel and a fresh
-interpreter of it, with vLLM's plugins disabled (``VLLM_PLUGINS=``), builds
-the fork's classes: the edited upstream modules and the new ones come from
-the installed package, nothing is bound at run time.
+Fails unless the installed vLLM is the fork wheel and a fresh interpreter with
+vLLM's plugins off (``VLLM_PLUGINS=``) builds the fork's classes from it:
+nothing is bound at run time.
 """
 
 import importlib.metadata
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 CHECKS = """
 import importlib.metadata, sys
@@ -25,33 +23,29 @@ from vllm.models.deepseek_v41.nvidia import sparse_mla_pages
 from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as seed_path
 
 site = Path(vllm.__file__).resolve().parent
-failures = []
-for module in (fi, sparse_mla_pages, seed_path):
-    if site not in Path(module.__file__).resolve().parents:
-        failures.append(f"{module.__name__} imported from {module.__file__}")
+failures = [
+    f"{m.__name__} imported from {m.__file__}"
+    for m in (fi, sparse_mla_pages, seed_path)
+    if site not in Path(m.__file__).resolve().parents
+]
 # The plan report ships beside vllm, with its default config.
 import vllm_dsv41_plan.report as plan_report
 if Path(plan_report.__file__).resolve().parents[1] != site.parent:
     failures.append(f"vllm_dsv41_plan imported from {plan_report.__file__}")
 if not plan_report.DEFAULT_CONFIG.is_file():
     failures.append(f"the plan report's {plan_report.DEFAULT_CONFIG.name} is missing")
-layer = fi.DeepseekV4FlashInferSM120Attention
-swa_backend = getattr(fi, "DeepseekSparseSWAFlashInferSM120Backend", None)
-if layer.swa_backend_cls is not swa_backend:
-    failures.append("the SM120 layer does not page its SWA cache through the policy")
-if not hasattr(fi.DeepseekV4FlashInferMLASparseBackend, "get_compressed_block_size"):
-    failures.append("the FlashInfer backend has no get_compressed_block_size")
 backend = fi.DeepseekV4FlashInferMLASparseBackend
+swa_backend = getattr(fi, "DeepseekSparseSWAFlashInferSM120Backend", None)
+if fi.DeepseekV4FlashInferSM120Attention.swa_backend_cls is not swa_backend:
+    failures.append("the SM120 layer does not page its SWA cache through the policy")
+if not hasattr(backend, "get_compressed_block_size"):
+    failures.append("the FlashInfer backend has no get_compressed_block_size")
 if seed_path.DeepseekV4FlashInferMLASparseBackend is not backend:
     failures.append("the seed import path names other classes")
-plugins = [
-    e.value for e in importlib.metadata.entry_points(group="vllm.general_plugins")
-    if "deepseek" in e.value
-]
-if plugins:
+group = importlib.metadata.entry_points(group="vllm.general_plugins")
+if plugins := [e.value for e in group if "deepseek" in e.value]:
     failures.append(f"a DeepSeek plugin entry point is installed: {plugins}")
-modules = sorted(m for m in sys.modules if m.startswith("vllm.plugins.deepseek"))
-if modules:
+if modules := sorted(m for m in sys.modules if m.startswith("vllm.plugins.deepseek")):
     failures.append(f"plugin modules were imported: {modules}")
 for failure in failures:
     print(f"SMOKE FAIL: {failure}", file=sys.stderr)
@@ -65,9 +59,8 @@ def main() -> None:
         print(f"SMOKE FAIL: installed vllm is {installed}, not a fork wheel")
         sys.exit(1)
     env = {**os.environ, "VLLM_PLUGINS": ""}
-    result = subprocess.run([sys.executable, "-c", CHECKS], env=env, cwd=Path.cwd())
-    if result.returncode:
-        sys.exit(result.returncode)
+    if returncode := subprocess.run([sys.executable, "-c", CHECKS], env=env).returncode:
+        sys.exit(returncode)
     print(f"smoke ok: vllm {installed}; the fork's classes load with no plugin")
 
 
