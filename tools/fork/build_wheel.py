@@ -4,11 +4,10 @@
 
     python3 tools/fork/build_wheel.py [--out dist] [--base 0.33.0]
 
-Every upstream entry the edits do not touch is copied with its compressed
-bytes untouched (the compiled extensions included); the edited upstream files
-and the fork's new modules are written in, with the fork's own packages
-beside ``vllm`` (``FORK_PACKAGES``); the dist-info is renamed to the local
-version and RECORD is rewritten. No GPU and no compiler are needed.
+Upstream entries the edits leave alone are copied as stored (the compiled
+parts included); the edited files, the new modules and the fork's own
+packages are added, the dist-info renamed to the local version, RECORD
+rewritten. No GPU, no compiler.
 """
 
 import argparse
@@ -39,11 +38,9 @@ from tools.fork.common import (  # noqa: E402
 )
 from tools.fork.fork_tree import fork_files  # noqa: E402
 
-# The zip records the wheel is written as (APPNOTE.TXT 4.3.7, 4.3.12,
-# 4.3.16). zipfile can read an entry's stored bytes' place (its documented
-# ZipInfo fields) but has no public way to write them unchanged, and
-# inflating then deflating the ~770 MB of compiled parts would cost a minute
-# and change nothing; so the fork wheel is written record by record.
+# Zip records (APPNOTE.TXT 4.3.7, 4.3.12, 4.3.16): zipfile has no public way
+# to write stored bytes unchanged, and re-deflating ~770 MB of compiled parts
+# costs a minute, so the wheel is written record by record.
 _LOCAL = struct.Struct("<4s5H3L2H")
 _CENTRAL = struct.Struct("<4s6H3L5H2L")
 _END = struct.Struct("<4s4H2LH")
@@ -102,31 +99,22 @@ def write_zip(f: BinaryIO, entries: Iterable[tuple]) -> None:
         if max(offset, size, len(stored)) >= 0xFFFFFFFF or len(central) >= 0xFFFF:
             raise SystemExit(f"{name}: the wheel would need ZIP64")
         flags |= 0 if name.isascii() else _UTF8_FLAG
-        year, month, day, hour, minute, second = when
-        dos = (
-            hour << 11 | minute << 5 | second // 2,
-            (year - 1980) << 9 | month << 5 | day,
-        )
+        y, mo, d, h, mi, sec = when
+        dos = (h << 11 | mi << 5 | sec // 2, (y - 1980) << 9 | mo << 5 | d)
         common = (20, flags, method, *dos, crc, len(stored), size, len(encoded))
         f.write(_LOCAL.pack(b"PK\x03\x04", *common, 0) + encoded + stored)
         # Made by Unix (3), so that the file modes in ``attr`` apply.
         fields = (3 << 8 | 20, *common, 0, 0, 0, 0, attr, offset)
         central.append(_CENTRAL.pack(b"PK\x01\x02", *fields) + encoded)
-    start, directory = f.tell(), b"".join(central)
-    count = len(central)
-    f.write(
-        directory
-        + _END.pack(b"PK\x05\x06", 0, 0, count, count, len(directory), start, 0)
-    )
+    start, directory, n = f.tell(), b"".join(central), len(central)
+    f.write(directory + _END.pack(b"PK\x05\x06", 0, 0, n, n, len(directory), start, 0))
 
 
 def build(out_dir: Path, arch: str | None = None) -> Path:
     """Write the fork wheel for ``arch`` into ``out_dir``; return its path.
 
-    The wheel is written under a temporary name in ``out_dir`` and renamed
-    when complete, so concurrent builds cannot collide, a reader never sees a
-    partial wheel, and an interrupted or failed build (a full disk, say)
-    leaves nothing behind.
+    Written under a temporary name and renamed when complete: concurrent
+    builds cannot collide and a failed one (a full disk) leaves nothing.
     """
     pin = load_pin()
     source = upstream_wheel(arch)

@@ -60,10 +60,9 @@ LEFT_OUT = {
 # The packages a resolution of vLLM and FlashInfer starts from.
 ROOTS = ("vllm", "flashinfer-python")
 
-# Runs in the dev venv (pip's resolution is what it holds): for each
-# distribution reachable from the roots with the host's markers, its version,
-# whether torch reaches it and whether the host's version is allowed; the
-# walk does not go through the packages left out.
+# Runs in the dev venv, which holds pip's resolution: each distribution the
+# roots reach under the host's markers (not through LEFT_OUT), whether torch
+# reaches it, and whether the host's version meets every specifier on it.
 RESOLUTION = r"""
 import json, sys
 from importlib import metadata
@@ -95,17 +94,10 @@ def walk(roots):
     return {n for n, _ in seen}, specs
 names, specs = walk(sys.argv[3:])
 by_torch, _ = walk(["torch"])
-installed = {canon(k): v for k, v in host["packages"].items()}
-out = {}
-for name in sorted(names):
-    have = installed.get(name)
-    out[name] = {
-        "version": dists[name].version,
-        "torch": name in by_torch,
-        "host": have,
-        "host_ok": have is not None
-        and all(Version(have) in s for s in specs.get(name, [])),
-    }
+have = {canon(k): v for k, v in host["packages"].items()}
+ok = lambda n: n in have and all(Version(have[n]) in s for s in specs.get(n, ()))
+out = {n: {"version": dists[n].version, "torch": n in by_torch, "host": have.get(n),
+           "host_ok": ok(n)} for n in names}
 print(json.dumps(out))
 """
 
@@ -133,8 +125,6 @@ print(json.dumps(report))
 
 
 def describe_host() -> dict:
-    """What a bundle for this host must know: its Python, CPU, glibc and
-    installed distributions."""
     from importlib import metadata
 
     return {
