@@ -40,7 +40,7 @@ REQUIREMENTS = "requirements.txt"
 WAITING = 3
 DEFAULT_PART_MIB = 60
 # Copied from the checkout for ``run``: what the runs execute and read.
-CHECKOUT_PATHS = ("tests", "benchmarks", "tools", ".buildkite", "pyproject.toml")
+CHECKOUT_PATHS = ("tests", "benchmarks", "tools", ".buildkite")
 # Requirements of vLLM or FlashInfer that no run on such a host takes, by
 # why; together several hundred MB, more than a device call carries.
 LEFT_OUT = {
@@ -105,13 +105,10 @@ print(json.dumps(out))
 CHECK = r"""
 import importlib, json, sys
 from importlib import metadata
+import torch, vllm
 report = {"python": sys.version.split()[0], "loaded": [], "failed": {}}
 for name in ("torch", "triton", "vllm", "flashinfer-python"):
-    try:
-        report[name] = metadata.version(name)
-    except metadata.PackageNotFoundError:
-        report[name] = None
-import torch, vllm
+    report[name] = metadata.version(name)
 report["vllm_file"] = vllm.__file__
 report["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
 for module in sys.argv[1:]:
@@ -312,15 +309,11 @@ def run_here(state: Path, target: Path, command: list[str]) -> int:
     manifest = json.loads((state / MANIFEST).read_text())
     work = state / "checkout"
     shutil.rmtree(work, ignore_errors=True)
+    skip = shutil.ignore_patterns("__pycache__")
     for rel in CHECKOUT_PATHS:
-        src = REPO / rel
-        if src.is_dir():
-            shutil.copytree(
-                src, work / rel, ignore=shutil.ignore_patterns("__pycache__")
-            )
-        elif src.exists():
-            work.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, work / rel)
+        if (REPO / rel).is_dir():
+            shutil.copytree(REPO / rel, work / rel, ignore=skip)
+    shutil.copyfile(REPO / "pyproject.toml", work / "pyproject.toml")
     env = environment(target, manifest)
     return subprocess.run(command, cwd=work, env=env).returncode
 
@@ -334,14 +327,13 @@ def main() -> None:
     b.add_argument("--base", default=None, help="vLLM base (default: the pin's)")
     b.add_argument("--out", type=Path, help="default: dist/gpu-bundle-vllm-<base>-cpXY")
     b.add_argument("--part-mib", type=int, default=DEFAULT_PART_MIB)
-    for name, what in (("install", "keep parts; install"), ("run", "run a command")):
-        p = sub.add_parser(name, help=what)
-        if name == "install":
-            p.add_argument("parts", type=Path, help=f"folder with {MANIFEST} and parts")
+    i = sub.add_parser("install", help="keep the parts that came; install when whole")
+    i.add_argument("parts", type=Path, help=f"folder with {MANIFEST} and parts")
+    r = sub.add_parser("run", help="run a command with the installed bundle")
+    r.add_argument("command", nargs="+", help="after --: the command")
+    for p in (i, r):
         p.add_argument("--state", type=Path, default=Path("/tmp/gpu-bundle"))
         p.add_argument("--target", type=Path, default=Path("/tmp/gpu-site"))
-        if name == "run":
-            p.add_argument("command", nargs="+", help="after --: the command")
     args = parser.parse_args()
     if args.verb == "describe-host":
         print(json.dumps(describe_host(), indent=1))
@@ -350,10 +342,9 @@ def main() -> None:
 
         if args.part_mib < 1:
             parser.error("--part-mib must be at least 1")
-        pin = select_base(args.base)
-        python = json.loads(args.host.read_text())["python"]
-        tag = "cp" + "".join(python.split(".")[:2])
-        out = args.out or REPO / "dist" / f"gpu-bundle-vllm-{pin.VLLM_VERSION}-{tag}"
+        base = select_base(args.base).VLLM_VERSION
+        tag = "cp" + "".join(json.loads(args.host.read_text())["python"].split(".")[:2])
+        out = args.out or REPO / "dist" / f"gpu-bundle-vllm-{base}-{tag}"
         manifest = build(args.host, out, args.part_mib << 20, venv_dir(".venv"))
         print(json.dumps({k: v for k, v in manifest.items() if k != "parts"}, indent=1))
         log(f"{out}: {len(manifest['parts'])} parts; send {MANIFEST} and one a call")
