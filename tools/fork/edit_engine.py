@@ -2,30 +2,26 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Apply declarative in-place edits to upstream Python sources.
 
-An edit names an upstream file, a scope inside it (``Class.method``, a
-function, a class, or ``""`` for the module) and an anchor: the smallest text
-that occurs exactly once in that scope. The scope is found by its syntax
-(Python's ``ast`` line spans), never by line numbers, so an edit survives
-unrelated upstream changes and fails loudly, naming file, scope and anchor,
-when its target moved or became ambiguous.
-
-Edits carry only the fork's own lines; the upstream text they sit in is read
-from the pinned wheel at build time and never stored in this repository.
+An edit names a file, a scope (``Class.method``, a function, a class, or
+``""`` for the module) and an anchor, the smallest text occurring exactly once
+in that scope. Scopes are found by ``ast`` spans, not line numbers, so edits
+survive unrelated upstream changes and fail loudly when their target moves or
+becomes ambiguous. Edits hold only the fork's lines; the upstream text is read
+from the pinned wheel at build time and never stored here.
 """
 
 import ast
+import re
 import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-# What an edit does at its anchor.
-REPLACE = "replace"  # the anchor text itself becomes ``text``
-# ``text`` goes before / after the anchor's statement, or, where the anchor
-# starts a key of a dict display, before / after that key's entry.
+REPLACE = "replace"  # the anchor text becomes ``text``
+# Before / after the anchor's statement, or its dict entry if it starts a key.
 INSERT_BEFORE = "insert_before"
 INSERT_AFTER = "insert_after"
-ADD_TO_CLASS = "add_to_class"  # ``text`` is appended to the class body
-REPLACE_BODY = "replace_body"  # the function body (not its docstring)
+ADD_TO_CLASS = "add_to_class"  # appended to the class body
+REPLACE_BODY = "replace_body"  # the function body, docstring kept
 ACTIONS = (REPLACE, INSERT_BEFORE, INSERT_AFTER, ADD_TO_CLASS, REPLACE_BODY)
 
 
@@ -37,9 +33,8 @@ class EditError(RuntimeError):
 class Edit:
     """One in-place change of an upstream file.
 
-    ``anchor`` is the same text on every base, or a mapping from base version
-    to that base's anchor. ``bases`` limits the edit to some bases (None: all).
-    ``concern`` names the patch of the upstream series the edit belongs to.
+    ``anchor`` is one text for every base or a mapping from base to anchor;
+    ``bases`` limits the edit to some bases; ``concern`` names its patch.
     """
 
     file: str
@@ -80,11 +75,8 @@ class Edit:
 
 
 def _scope_node(tree: ast.Module, edit: Edit) -> ast.AST:
-    """The unique class/function named by ``edit.scope``."""
-    if not edit.scope:
-        return tree
     node: ast.AST = tree
-    for part in edit.scope.split("."):
+    for part in edit.scope.split(".") if edit.scope else ():
         matches = [
             child
             for child in ast.iter_child_nodes(node)
@@ -101,38 +93,31 @@ def _scope_node(tree: ast.Module, edit: Edit) -> ast.AST:
     return node
 
 
-def _span(node: ast.AST, lines: list[str]) -> tuple[int, int]:
-    """0-based [first, last] line of ``node``, decorators included."""
-    if isinstance(node, ast.Module):
-        return 0, len(lines) - 1
-    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    return first - 1, node.end_lineno - 1  # type: ignore[attr-defined]
-
-
 def _find_anchor(source: str, lines: list[str], node: ast.AST, edit: Edit, anchor: str):
-    """(line, column) of the only occurrence of ``anchor`` in the scope."""
-    first, last = _span(node, lines)
-    offsets = [sum(len(line) for line in lines[:first])]
+    """0-based (line, column) of the only occurrence of ``anchor`` in ``node``,
+    its decorators included; overlapping occurrences count."""
+    if isinstance(node, ast.Module):
+        first, last = 0, len(lines) - 1
+    else:
+        decorators = [d.lineno for d in node.decorator_list]  # type: ignore[attr-defined]
+        first = min([node.lineno, *decorators]) - 1  # type: ignore[attr-defined]
+        last = node.end_lineno - 1  # type: ignore[attr-defined]
     scope_text = "".join(lines[first : last + 1])
-    hits = []
-    start = scope_text.find(anchor)
-    while start != -1:
-        hits.append(start)
-        start = scope_text.find(anchor, start + 1)
+    hits = [m.start() for m in re.finditer(f"(?={re.escape(anchor)})", scope_text)]
     if len(hits) != 1:
         found = "not found" if not hits else f"found {len(hits)} times"
         raise EditError(
             f"{edit.file}: {edit.where}: anchor {anchor!r} {found}; "
             "it must occur exactly once there"
         )
-    absolute = offsets[0] + hits[0]
-    line = source.count("\n", 0, absolute)
-    column = absolute - (source.rfind("\n", 0, absolute) + 1)
-    return line, column
+    at = len("".join(lines[:first])) + hits[0]
+    return source.count("\n", 0, at), at - (source.rfind("\n", 0, at) + 1)
 
 
-def _innermost_statement(node: ast.AST, line: int) -> ast.stmt:
-    """The innermost statement of ``node`` whose lines hold 0-based ``line``."""
+def _insertion_span(node: ast.AST, line: int, column: int) -> tuple[int, int, int]:
+    """1-based (first line, last line) and column an insertion at the anchor
+    goes around: the dict entry whose key starts there (upstream's registries
+    are dict displays), else the innermost statement holding the anchor."""
     holding = [
         child
         for child in ast.walk(node)
@@ -142,20 +127,15 @@ def _innermost_statement(node: ast.AST, line: int) -> ast.stmt:
     ]
     if not holding:
         raise EditError(f"line {line + 1} is not inside a statement")
-    return min(holding, key=lambda s: s.end_lineno - s.lineno)  # type: ignore[operator]
-
-
-def _insertion_span(stmt: ast.stmt, line: int, column: int) -> tuple[int, int, int]:
-    """(first line, last line, column) that an insertion at the anchor on
-    0-based ``line`` and ``column`` goes around: the dict entry whose key
-    starts there (upstream's registries are dict displays), else ``stmt``."""
-    for child in ast.walk(stmt):
-        if not isinstance(child, ast.Dict):
-            continue
-        for key, value in zip(child.keys, child.values, strict=True):
-            if key is not None and (key.lineno - 1, key.col_offset) == (line, column):
-                return key.lineno, value.end_lineno, key.col_offset  # type: ignore[return-value]
-    return stmt.lineno, stmt.end_lineno, stmt.col_offset  # type: ignore[return-value]
+    stmt = min(holding, key=lambda s: s.end_lineno - s.lineno)  # type: ignore[operator]
+    entries = (
+        (key.lineno, value.end_lineno, key.col_offset)
+        for d in ast.walk(stmt)
+        if isinstance(d, ast.Dict)
+        for key, value in zip(d.keys, d.values, strict=True)
+        if key is not None and (key.lineno - 1, key.col_offset) == (line, column)
+    )
+    return next(entries, (stmt.lineno, stmt.end_lineno, stmt.col_offset))  # type: ignore[arg-type]
 
 
 def _indented(text: str, indent: str) -> list[str]:
@@ -164,66 +144,51 @@ def _indented(text: str, indent: str) -> list[str]:
 
 
 def _body_indent(node: ast.AST, lines: list[str]) -> str:
-    first = node.body[0]  # type: ignore[attr-defined]
-    line = lines[first.lineno - 1]
+    line = lines[node.body[0].lineno - 1]  # type: ignore[attr-defined]
     return line[: len(line) - len(line.lstrip())]
 
 
 def apply_edit(source: str, edit: Edit, base: str) -> str:
     """``source`` with ``edit`` applied; raises EditError naming the target."""
-    tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
-    node = _scope_node(tree, edit)
-    anchor = edit.anchor_for(base)
-
+    node = _scope_node(ast.parse(source), edit)
     if edit.action == ADD_TO_CLASS:
         if not isinstance(node, ast.ClassDef):
             raise EditError(f"{edit.file}: {edit.where}: is not a class")
-        new = ["\n", *_indented(edit.text, _body_indent(node, lines))]
         end = node.end_lineno  # type: ignore[attr-defined]
-        lines[end:end] = new
+        lines[end:end] = ["\n", *_indented(edit.text, _body_indent(node, lines))]
     elif edit.action == REPLACE_BODY:
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             raise EditError(f"{edit.file}: {edit.where}: is not a function")
-        body = node.body
-        has_doc = (
-            isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        )
-        kept = body[1:] if has_doc else body
+        has_doc = ast.get_docstring(node, clean=False) is not None
+        kept = node.body[1:] if has_doc else node.body
         if not kept:
             raise EditError(f"{edit.file}: {edit.where}: has no body to replace")
         start, end = kept[0].lineno - 1, node.end_lineno  # type: ignore[attr-defined]
         lines[start:end] = _indented(edit.text, _body_indent(node, lines))
     else:
+        anchor = edit.anchor_for(base)
         assert anchor is not None
         line, column = _find_anchor(source, lines, node, edit, anchor)
         if edit.action == REPLACE:
-            text = lines[line]
-            indent = text[: len(text) - len(text.lstrip())]
-            replacement = (
-                textwrap.dedent(edit.text).strip("\n").replace("\n", "\n" + indent)
-            )
+            indent = lines[line][: len(lines[line]) - len(lines[line].lstrip())]
+            new = textwrap.dedent(edit.text).strip("\n").replace("\n", "\n" + indent)
             joined = "".join(lines[line:])
-            joined = joined[:column] + replacement + joined[column + len(anchor) :]
+            joined = joined[:column] + new + joined[column + len(anchor) :]
             rest = joined.splitlines(keepends=True)
-            if not replacement and not rest[0].strip():
+            if not new and not rest[0].strip():
                 rest = rest[1:]  # a deleted statement leaves no blank line
             lines[line:] = rest
         else:
-            first, last, col = _insertion_span(
-                _innermost_statement(node, line), line, column
-            )
-            new = _indented(edit.text, " " * col)
-            if new[0].lstrip().startswith(("class ", "def ", "@")):
-                # PEP 8 spacing around a definition: two lines at module
-                # level, one inside a class.
+            first, last, col = _insertion_span(node, line, column)
+            new_lines = _indented(edit.text, " " * col)
+            if new_lines[0].lstrip().startswith(("class ", "def ", "@")):
+                # PEP 8 blank lines: two at module level, one in a class.
                 gap = ["\n"] * (2 if col == 0 else 1)
-                new = gap + new if edit.action == INSERT_AFTER else new + gap
-            before = edit.action == INSERT_BEFORE
-            at = first - 1 if before else last
-            lines[at:at] = new  # type: ignore[misc]
+                after = edit.action == INSERT_AFTER
+                new_lines = gap + new_lines if after else new_lines + gap
+            at = first - 1 if edit.action == INSERT_BEFORE else last
+            lines[at:at] = new_lines
     edited = "".join(lines)
     try:
         ast.parse(edited)
@@ -237,15 +202,10 @@ def apply_edit(source: str, edit: Edit, base: str) -> str:
 def apply_edits(
     read: Callable[[str], str], edits: Iterable[Edit], base: str
 ) -> dict[str, str]:
-    """Every file the edits touch, edited, in the edits' order.
-
-    ``read(path)`` returns the pristine upstream text of ``path``.
-    """
+    """Every file the edits touch, edited in order; ``read(path)`` returns
+    the pristine upstream text."""
     edited: dict[str, str] = {}
-    for edit in edits:
-        if not edit.applies_to(base):
-            continue
-        if edit.file not in edited:
-            edited[edit.file] = read(edit.file)
-        edited[edit.file] = apply_edit(edited[edit.file], edit, base)
+    for edit in (e for e in edits if e.applies_to(base)):
+        text = edited[edit.file] if edit.file in edited else read(edit.file)
+        edited[edit.file] = apply_edit(text, edit, base)
     return edited
