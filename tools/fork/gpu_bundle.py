@@ -7,17 +7,15 @@
     python3 -m tools.fork.gpu_bundle install DIR    # on the host, once a part
     python3 -m tools.fork.gpu_bundle run -- python3 -m pytest tests/...
 
-For a GPU host with Python, torch and Triton but no package index. ``build``
-keeps, of pip's resolution of vLLM and FlashInfer (the base's dev venv), what
-the described host lacks or holds at a version the resolution refuses, less
-torch's own requirements and ``LEFT_OUT``; pip downloads those wheels for the
-host's Python and glibc, and the fork wheel, whole, travels with them in
-parts of one device call each. ``install`` (standard library only) keeps the
-parts as they arrive and, with the last, has pip install everything from the
-bundle with no index and reports what pip finds unmet and which compiled
-parts load on the host's torch. Nothing is stubbed. ``run`` runs a command
-with it from a copy of the checkout's tests, benchmarks and tools (the
-checkout's ``vllm/`` holds only the new modules, which would shadow it).
+For a host with Python, torch and Triton but no package index. ``build`` keeps
+of pip's resolution of vLLM and FlashInfer (the base's dev venv) what the
+described host lacks or holds at a refused version, less torch's own
+requirements and ``LEFT_OUT``, has pip download those wheels for the host,
+and cuts them and the fork wheel, whole, into parts of one device call each.
+``install`` (standard library only) keeps parts as they arrive; with the last
+it has pip install everything with no index and reports what pip finds unmet
+and which compiled parts load. Nothing is stubbed. ``run`` runs a command
+with it from a copy of the checkout (whose ``vllm/`` would shadow it).
 """
 
 import argparse
@@ -161,7 +159,7 @@ def plan(host: dict, venv_python: Path, host_file: Path) -> tuple[dict, dict]:
 
 
 def build(host_file: Path, out: Path, part_bytes: int, venv: Path) -> dict:
-    """Write the parts and ``bundle.json`` into ``out`` (emptied first)."""
+    """The parts and ``bundle.json`` in ``out`` (emptied first)."""
     from tools.fork.build_wheel import build as build_wheel
     from tools.fork.common import load_pin, run_pip, venv_python
 
@@ -202,23 +200,17 @@ def build(host_file: Path, out: Path, part_bytes: int, venv: Path) -> dict:
             tar.add(wheel, wheel.name, filter=same)
             for path in sorted(wheels.iterdir()):
                 tar.add(path, f"wheels/{path.name}", filter=same)
-    manifest = {**contents, **split(whole, part_bytes)}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    return manifest
-
-
-def split(whole: Path, part_bytes: int) -> dict:
-    """Cut ``whole`` into ``part-NN`` files beside it, then delete it."""
     parts = []
     with whole.open("rb") as f:
         while chunk := f.read(part_bytes):
-            name = whole.with_name(f"part-{len(parts):02d}")
+            name = out / f"part-{len(parts):02d}"
             name.write_bytes(chunk)
             digest = hashlib.sha256(chunk).hexdigest()
             parts.append({"file": name.name, "bytes": len(chunk), "sha256": digest})
-    sha256 = sha256_of(whole)
+    manifest = {**contents, "parts": parts, "sha256": sha256_of(whole)}
     whole.unlink()
-    return {"parts": parts, "sha256": sha256}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
 
 
 def collect(parts_dir: Path, state: Path) -> tuple[dict, list[str]]:
