@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tools.fork import build_wheel
+from tools.fork.build_wheel import edited_upstream_files
 from tools.fork.common import REPO, fork_package_files, load_pin, new_module_files
-from tools.fork.fork_tree import edited_upstream_files
 
 pytestmark = pytest.mark.slow
 

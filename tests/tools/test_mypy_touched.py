@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.fork.fork_tree import fork_files
+from tools.fork.build_wheel import fork_files
 from tools.fork.patch_series import _concern_of
 
 # mypy's own line format: "path:line: error: message  [code]".

@@ -13,9 +13,9 @@ import zipfile
 
 import pytest
 
+from tools.fork.build_wheel import fork_files
 from tools.fork.common import REPO
 from tools.fork.edits import CONCERNS
-from tools.fork.fork_tree import fork_files
 from tools.fork.patch_series import FORK_ONLY, extract_pristine, generate
 
 pytestmark = pytest.mark.slow

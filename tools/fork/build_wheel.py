@@ -4,10 +4,9 @@
 
     python3 tools/fork/build_wheel.py [--out dist] [--base 0.33.0]
 
-Upstream entries the edits leave alone are copied as stored (the compiled
-parts included); the edited files, the new modules and the fork's own
-packages are added, the dist-info renamed to the local version, RECORD
-rewritten. No GPU, no compiler.
+Upstream entries the edits leave alone, compiled parts included, are copied as
+stored; the edited files, new modules and the fork's own packages are added,
+the dist-info renamed to the local version, RECORD rewritten. No GPU, no compiler.
 """
 
 import argparse
@@ -16,6 +15,7 @@ import csv
 import hashlib
 import io
 import os
+import re
 import struct
 import sys
 import tempfile
@@ -27,16 +27,10 @@ from typing import BinaryIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.fork.common import (  # noqa: E402
-    FORK_PACKAGES,
-    REPO,
-    add_base_argument,
-    load_pin,
-    log,
-    select_base,
-    upstream_wheel,
-)
-from tools.fork.fork_tree import fork_files  # noqa: E402
+from tools.fork import common  # noqa: E402
+from tools.fork.common import REPO, load_pin, log  # noqa: E402
+from tools.fork.edit_engine import apply_edits  # noqa: E402
+from tools.fork.edits import EDITS  # noqa: E402
 
 # Zip records (APPNOTE.TXT 4.3.7, 4.3.12, 4.3.16): zipfile has no public way
 # to write stored bytes unchanged, and re-deflating ~770 MB of compiled parts
@@ -44,8 +38,6 @@ from tools.fork.fork_tree import fork_files  # noqa: E402
 _LOCAL = struct.Struct("<4s5H3L2H")
 _CENTRAL = struct.Struct("<4s6H3L5H2L")
 _END = struct.Struct("<4s4H2LH")
-_DATA_DESCRIPTOR_FLAG = 0x08
-_UTF8_FLAG = 0x800
 # A fixed timestamp for the fork's own entries keeps the wheel reproducible.
 _FIXED_TIME = (2026, 1, 1, 0, 0, 0)
 
@@ -61,9 +53,27 @@ def fork_wheel_name(arch: str | None = None) -> str:
     return upstream_name.replace(pin.VLLM_VERSION, fork_version(), 1)
 
 
-def _record_hash(data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
-    return "sha256=" + digest.rstrip(b"=").decode()
+def edited_upstream_files(wheel: Path) -> dict[str, bytes]:
+    """Edited upstream files of ``wheel``: the wheel's and the dev venv's alike."""
+    with zipfile.ZipFile(wheel) as src:
+        names = set(src.namelist())
+
+        def read(path: str) -> str:
+            if path not in names:
+                raise SystemExit(f"{path}: not in {wheel.name}; the edit list names it")
+            return src.read(path).decode()
+
+        edited = apply_edits(read, EDITS, load_pin().VLLM_VERSION)
+    return {path: text.encode() for path, text in edited.items()}
+
+
+def fork_files(wheel: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    edited = edited_upstream_files(wheel)
+    log(f"in-place edits: {len(EDITS)} edits in {len(edited)} upstream files")
+    for path in sorted(edited):
+        log(f"  edited {path}")
+    paths = [*common.new_module_files(), *common.fork_package_files()]
+    return edited, {str(p): (REPO / p).read_bytes() for p in paths}
 
 
 def stored_entries(path: Path) -> Iterator[tuple[zipfile.ZipInfo, bytes]]:
@@ -77,8 +87,7 @@ def stored_entries(path: Path) -> Iterator[tuple[zipfile.ZipInfo, bytes]]:
 
 
 def _copied(info: zipfile.ZipInfo, stored: bytes) -> tuple:
-    # Sizes go in the header, so no data descriptor follows the bytes.
-    flags = info.flag_bits & ~_DATA_DESCRIPTOR_FLAG
+    flags = info.flag_bits & ~0x08  # sizes go in the header: no data descriptor
     return (info.filename, stored, info.CRC, info.file_size, info.compress_type,
             flags, info.date_time, info.external_attr)  # fmt: skip
 
@@ -91,14 +100,13 @@ def _deflated(name: str, data: bytes) -> tuple:
 
 
 def write_zip(f: BinaryIO, entries: Iterable[tuple]) -> None:
-    """A zip of ``entries`` (``_copied`` or ``_deflated``), without ZIP64: a
-    wheel that would need it is refused."""
+    """A zip of ``entries`` (``_copied`` or ``_deflated``); refuses ZIP64."""
     central = []
     for name, stored, crc, size, method, flags, when, attr in entries:
         offset, encoded = f.tell(), name.encode()
         if max(offset, size, len(stored)) >= 0xFFFFFFFF or len(central) >= 0xFFFF:
             raise SystemExit(f"{name}: the wheel would need ZIP64")
-        flags |= 0 if name.isascii() else _UTF8_FLAG
+        flags |= 0 if name.isascii() else 0x800  # the name is UTF-8
         y, mo, d, h, mi, sec = when
         dos = (h << 11 | mi << 5 | sec // 2, (y - 1980) << 9 | mo << 5 | d)
         common = (20, flags, method, *dos, crc, len(stored), size, len(encoded))
@@ -111,14 +119,10 @@ def write_zip(f: BinaryIO, entries: Iterable[tuple]) -> None:
 
 
 def build(out_dir: Path, arch: str | None = None) -> Path:
-    """Write the fork wheel for ``arch`` into ``out_dir``; return its path.
-
-    Written under a temporary name and renamed when complete: concurrent
-    builds cannot collide and a failed one (a full disk) leaves nothing.
-    """
-    pin = load_pin()
-    source = upstream_wheel(arch)
-    target = out_dir / fork_wheel_name(arch)
+    """Write the fork wheel for ``arch`` into ``out_dir``; return its path. It
+    is written under a temporary name and renamed when complete: concurrent
+    builds cannot collide and a failed one (a full disk) leaves nothing."""
+    source, target = common.upstream_wheel(arch), out_dir / fork_wheel_name(arch)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(
@@ -132,37 +136,33 @@ def build(out_dir: Path, arch: str | None = None) -> Path:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        _write(source, tmp, pin)
+        _write(source, tmp)
         tmp.chmod(0o644)  # mkstemp's file is private; a wheel is not
         tmp.replace(target)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise SystemExit(
-                f"writing {target} failed: {e.strerror or e} (the partial "
-                "wheel was removed)"
-            ) from None
-        raise
+    except OSError as e:
+        raise SystemExit(
+            f"writing {target} failed: {e.strerror or e} (the partial "
+            "wheel was removed)"
+        ) from None
+    finally:
+        tmp.unlink(missing_ok=True)  # nothing left once renamed
     return target
 
 
-def _write(source: Path, tmp: Path, pin) -> None:
-    """The fork wheel's entries, from the upstream wheel ``source``."""
-    old_info = f"vllm-{pin.VLLM_VERSION}.dist-info/"
-    new_info = f"vllm-{fork_version()}.dist-info/"
+def _write(source: Path, tmp: Path) -> None:
+    version = fork_version()
+    old_info = f"vllm-{load_pin().VLLM_VERSION}.dist-info/"
+    new_info = f"vllm-{version}.dist-info/"
     edited, new = fork_files(source)
     files = {**edited, **new}
     with zipfile.ZipFile(source) as src:
-        shadowing = sorted(set(new) & set(src.namelist()))
-        if shadowing:
+        if shadowing := sorted(set(new) & set(src.namelist())):
             raise SystemExit(
                 f"new modules would replace upstream files: {shadowing}; change "
                 "upstream files through tools/fork/edits.py"
             )
-        record = {
-            row[0]: row[1:]
-            for row in csv.reader(io.StringIO(src.read(old_info + "RECORD").decode()))
-        }
+        upstream_record = io.StringIO(src.read(old_info + "RECORD").decode())
+        record = {row[0]: row[1:] for row in csv.reader(upstream_record)}
         info_files = {
             new_info + name[len(old_info) :]: src.read(name)
             for name in src.namelist()
@@ -177,10 +177,14 @@ def _write(source: Path, tmp: Path, pin) -> None:
                 yield _copied(info, stored)
         for name, data in [*sorted(files.items()), *info_files.items()]:
             if name.endswith("/METADATA"):
-                data = _with_version(data.decode(), fork_version()).encode()
-            if name.endswith("/top_level.txt"):
-                data = _with_top_level(data.decode()).encode()
-            rows.append((name, _record_hash(data), str(len(data))))
+                line = b"Version: " + version.encode()
+                data = re.sub(rb"(?m)^Version: .*$", line, data, count=1)
+            if name.endswith("/top_level.txt"):  # upstream's and the fork's own
+                top = data.decode().split()
+                top += [p.name for p in common.FORK_PACKAGES if p.name not in top]
+                data = "".join(f"{n}\n" for n in top).encode()
+            sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
+            rows.append((name, f"sha256={sha.rstrip(b'=').decode()}", str(len(data))))
             yield _deflated(name, data)
         buf = io.StringIO()
         rows.append((new_info + "RECORD", "", ""))
@@ -191,29 +195,13 @@ def _write(source: Path, tmp: Path, pin) -> None:
         write_zip(f, entries())
 
 
-def _with_version(metadata: str, version: str) -> str:
-    lines = metadata.split("\n")
-    idx = next(i for i, line in enumerate(lines) if line.startswith("Version: "))
-    lines[idx] = f"Version: {version}"
-    return "\n".join(lines)
-
-
-def _with_top_level(top_level: str) -> str:
-    """Upstream's top-level names and the fork's own packages."""
-    names = top_level.split()
-    names += [p.name for p in FORK_PACKAGES if p.name not in names]
-    return "".join(f"{n}\n" for n in names)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "dist")
-    add_base_argument(parser)
-    parser.add_argument(
-        "--arch", default=None, help="x86_64 or aarch64 (default: the pin's)"
-    )
+    common.add_base_argument(parser)
+    parser.add_argument("--arch", help="x86_64 or aarch64 (default: the pin's)")
     args = parser.parse_args()
-    select_base(args.base)
+    common.select_base(args.base)
     wheel = build(args.out, args.arch)
     log(f"built {wheel} ({wheel.stat().st_size / 1e6:.0f} MB)")
     print(wheel)

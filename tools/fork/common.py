@@ -32,15 +32,13 @@ def all_bases() -> list[str]:
 
 
 def load_pin(base: str | None = None) -> SimpleNamespace:
-    """The pin of ``base`` (else ``VLLM_FORK_BASE``, else the default), read
-    without importing vLLM, which may not be installed yet."""
+    """The pin of ``base`` (else ``VLLM_FORK_BASE``, else the default)."""
     values = runpy.run_path(str(PIN_FILE))
     base = base or os.environ.get(values["BASE_ENV"]) or values["DEFAULT_BASE"]
     if base not in values["BASES"]:
         raise SystemExit(
-            f"{values['BASE_ENV']}={base} is not a base of the fork; "
-            f"choose one of {', '.join(values['BASES'])} "
-            f"({PIN_FILE.relative_to(REPO)})."
+            f"{values['BASE_ENV']}={base} is not a base of the fork; choose one of "
+            f"{', '.join(values['BASES'])} ({PIN_FILE.relative_to(REPO)})."
         )
     shared = {k: v for k, v in values.items() if k.isupper() and k != "BASES"}
     shared["ARCHES"] = tuple(values["BASES"][base]["WHEELS"])
@@ -81,8 +79,8 @@ def run(*cmd: str | Path, **kwargs) -> None:
 
 
 def run_pip(python: Path, *args: str | Path, env: dict[str, str]) -> None:
-    """``python -m pip args``, retried; a CI log shows why the last try
-    failed: its error is on the first line (what a test summary shows)."""
+    """``python -m pip args``, retried; the last try's error ends up on the
+    first line of the exception (what a CI test summary shows)."""
     cmd = [str(c) for c in (python, "-m", "pip", "--disable-pip-version-check", *args)]
     for wait in (*PIP_RETRY_WAITS_S, None):
         log(" ".join(cmd))
@@ -104,20 +102,15 @@ def run_pip(python: Path, *args: str | Path, env: dict[str, str]) -> None:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def upstream_wheel(arch: str | None = None) -> Path:
-    """The pinned upstream wheel for ``arch`` (default ``DEFAULT_ARCH``),
-    downloaded once and checked every time: the fork wheel must be the
-    pinned upstream's bytes plus the fork's edits."""
+    """The pinned upstream wheel for ``arch``, downloaded once and checked every
+    time: the fork wheel must be the pinned upstream's bytes plus the edits."""
     pin = load_pin()
-    arch = arch or pin.DEFAULT_ARCH
-    if arch not in pin.WHEELS:
+    if (arch := arch or pin.DEFAULT_ARCH) not in pin.WHEELS:
         raise SystemExit(
             f"no pinned vLLM {pin.VLLM_VERSION} wheel for {arch}; the pin has "
             f"{', '.join(pin.WHEELS)}"
@@ -136,11 +129,10 @@ def upstream_wheel(arch: str | None = None) -> Path:
         )  # fmt: skip
     if not path.exists():
         raise SystemExit(
-            f"pip did not produce {name}; the fork is built from that "
-            f"manylinux wheel of vLLM {pin.VLLM_VERSION}."
+            f"pip did not produce {name}; the fork is built from that manylinux "
+            f"wheel of vLLM {pin.VLLM_VERSION}."
         )
-    actual = sha256_of(path)
-    if actual != sha256:
+    if (actual := sha256_of(path)) != sha256:
         path.unlink()
         raise SystemExit(
             f"{name} has sha256 {actual}, but the pin in "
@@ -154,12 +146,10 @@ def upstream_wheel(arch: str | None = None) -> Path:
 def provision_venv(
     venv: Path, vllm_requirement: str | Path, extra_args: tuple[str | Path, ...] = ()
 ) -> None:
-    """Create or update ``venv`` with the pinned torch, ``vllm_requirement``
-    and the pinned FlashInfer. torch goes first and alone so that pip takes
-    the pinned release, never a larger build."""
+    """Create or update ``venv`` with the pinned torch, ``vllm_requirement`` and
+    FlashInfer; torch first and alone, so pip never takes a larger build."""
     pin = load_pin()
-    python = venv_python(venv)
-    if not python.exists():
+    if not (python := venv_python(venv)).exists():
         run(sys.executable, "-m", "venv", venv)
     # No download cache: beside the venvs it would double the disk that the
     # CUDA wheels of vLLM 0.33's requirements take.
@@ -174,16 +164,12 @@ def provision_venv(
     run_pip(python, "uninstall", "-q", "-y", *pin.INCOMPATIBLE_PACKAGES, env=env)
 
 
-def _files_under(*roots: Path) -> list[Path]:
-    # Relative to the repository, sorted per root, bytecode left out.
+def new_module_files(roots: tuple[Path, ...] = (NEW_MODULES,)) -> list[Path]:
+    """Files under ``roots``, relative to REPO, sorted per root, no bytecode."""
     files = [p for root in roots for p in sorted(root.rglob("*")) if p.is_file()]
     keep = (p for p in files if "__pycache__" not in p.parts and p.suffix != ".pyc")
     return [p.relative_to(REPO) for p in keep]
 
 
-def new_module_files() -> list[Path]:
-    return _files_under(NEW_MODULES)
-
-
 def fork_package_files() -> list[Path]:
-    return _files_under(*FORK_PACKAGES)
+    return new_module_files(FORK_PACKAGES)

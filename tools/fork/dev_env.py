@@ -6,9 +6,8 @@ new modules live in it.
     python3 tools/fork/dev_env.py [--base 0.33.0]
 
 The default base gets ``.venv``, another ``.venv-<version>``. A venv matching
-the pin and the dev requirements is reused and the edited files rewritten from
-the wheel's pristine copies, so rerunning this applies a changed edit in
-seconds; the new modules and the fork's own packages are symlinked (live).
+the pin and dev requirements is reused, only its edited files rewritten, so a
+changed edit applies in seconds; new modules and fork packages are symlinked.
 """
 
 import argparse
@@ -21,10 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.fork import common  # noqa: E402
+from tools.fork.build_wheel import edited_upstream_files  # noqa: E402
 from tools.fork.common import REPO, log  # noqa: E402
-from tools.fork.fork_tree import edited_upstream_files  # noqa: E402
 
-STAMP = ".fork-stamp"
 # What the last run edited: a file no edit touches any more gets its pristine text.
 EDITED_LIST = ".fork-edited-files"
 
@@ -37,7 +35,7 @@ def link_fork(site: Path) -> list[Path]:
     def link(src: Path, dst: Path) -> bool:
         if dst.is_symlink():
             dst.unlink()
-        if dst.exists():
+        elif dst.exists():
             return False
         dst.symlink_to(src, target_is_directory=src.is_dir())
         links.append(dst)
@@ -57,18 +55,14 @@ def link_fork(site: Path) -> list[Path]:
 
     visit(common.NEW_MODULES, site / "vllm")
     for src in common.FORK_PACKAGES:
-        if not link(src, site / src.name):
-            raise SystemExit(
-                f"{site / src.name} exists and is not the fork's link to {src}"
-            )
+        if not link(src, dst := site / src.name):
+            raise SystemExit(f"{dst} exists and is not the fork's link to {src}")
     return links
 
 
 def apply_edits_in_place(site: Path, wheel: Path, venv: Path) -> list[str]:
-    """Write the edited upstream files into ``site``, and the pristine text
-    into those only an earlier edit list changed."""
-    edited = edited_upstream_files(wheel)
-    listing = venv / EDITED_LIST
+    """Write the edited files into ``site``; restore those no edit changes now."""
+    edited, listing = edited_upstream_files(wheel), venv / EDITED_LIST
     before = listing.read_text().split() if listing.exists() else []
     with zipfile.ZipFile(wheel) as src:
         for path in sorted(set(before) - set(edited)):
@@ -85,7 +79,7 @@ def make(venv: Path) -> None:
     # What decides the venv's contents (the new modules are linked, not in it).
     inputs = (common.PIN_FILE, common.DEV_REQUIREMENTS, REPO / "pyproject.toml")
     data = pin.VLLM_VERSION.encode() + b"".join(p.read_bytes() for p in inputs)
-    stamp, stamp_file = hashlib.sha256(data).hexdigest(), venv / STAMP
+    stamp, stamp_file = hashlib.sha256(data).hexdigest(), venv / ".fork-stamp"
     if python.exists() and stamp_file.is_file() and stamp_file.read_text() == stamp:
         log(f"reusing {venv.relative_to(REPO)} (pin and requirements unchanged)")
     else:

@@ -30,8 +30,7 @@ PLAN_REPORT = "vllm_dsv41_plan"
 
 
 def install_fresh(wheel: Path) -> Path:
-    """Install ``wheel`` into this base's ``.venv-wheel``; the build is
-    reproducible, so a venv holding these exact bytes is reused."""
+    """Install ``wheel`` into ``.venv-wheel``, reused if it holds these bytes."""
     venv = common.venv_dir(".venv-wheel")
     stamp, digest = venv / ".fork-wheel-sha256", common.sha256_of(wheel)
     if stamp.exists() and stamp.read_text() == digest:
@@ -60,11 +59,8 @@ def run_base(base: str) -> list[Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    common.add_base_argument(
-        parser,
-        action="append",
-        help="only this base (repeatable; default: every base in the pin)",
-    )
+    only = "only this base (repeatable; default: every base in the pin)"
+    common.add_base_argument(parser, action="append", help=only)
     bases = parser.parse_args().base or common.all_bases()
     for product in [p for base in bases for p in run_base(base)]:
         log(f"ready: {product.relative_to(REPO)}")

@@ -5,8 +5,7 @@
     <venv>/bin/python tools/fork/smoke.py
 
 Fails unless the installed vLLM is the fork wheel and a fresh interpreter with
-vLLM's plugins off (``VLLM_PLUGINS=``) builds the fork's classes from it:
-nothing is bound at run time.
+plugins off (``VLLM_PLUGINS=``) builds the fork's classes: nothing binds late.
 """
 
 import importlib.metadata
@@ -15,19 +14,14 @@ import subprocess
 import sys
 
 CHECKS = """
-import importlib.metadata, sys
+import importlib.metadata, sys, vllm
 from pathlib import Path
-import vllm
-from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
-from vllm.models.deepseek_v41.nvidia import sparse_mla_pages
+from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi, sparse_mla_pages
 from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as seed_path
 
 site = Path(vllm.__file__).resolve().parent
-failures = [
-    f"{m.__name__} imported from {m.__file__}"
-    for m in (fi, sparse_mla_pages, seed_path)
-    if site not in Path(m.__file__).resolve().parents
-]
+failures = [f"{m.__name__} imported from {m.__file__}" for m in (fi, sparse_mla_pages,
+    seed_path) if site not in Path(m.__file__).resolve().parents]
 # The plan report ships beside vllm, with its default config.
 import vllm_dsv41_plan.report as plan_report
 if Path(plan_report.__file__).resolve().parents[1] != site.parent:
@@ -47,8 +41,7 @@ if plugins := [e.value for e in group if "deepseek" in e.value]:
     failures.append(f"a DeepSeek plugin entry point is installed: {plugins}")
 if modules := sorted(m for m in sys.modules if m.startswith("vllm.plugins.deepseek")):
     failures.append(f"plugin modules were imported: {modules}")
-for failure in failures:
-    print(f"SMOKE FAIL: {failure}", file=sys.stderr)
+for failure in failures: print(f"SMOKE FAIL: {failure}", file=sys.stderr)
 sys.exit(1 if failures else 0)
 """
 
