@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""PEP 517 backend: ``pip wheel --no-deps .`` and ``python -m build --wheel``
-at the repository root build the fork wheel, byte for byte what the main job
-builds (tools/fork/build_wheel.py; nothing is compiled). The base is
+"""PEP 517 backend: ``pip wheel .`` at the repository root builds the fork wheel.
+
+``python -m build --wheel`` too, byte for byte what the main job builds
+(tools/fork/build_wheel.py; nothing is compiled). The base is
 ``VLLM_FORK_BASE`` or the config setting ``base`` (``--config-settings base=0.33.0``).
 """
 

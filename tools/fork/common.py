@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""What the fork's environment and build scripts share. They run before any
-vLLM is installed, so this uses only the standard library and reads the pin
-straight from its file."""
+"""What the fork's environment and build scripts share.
+
+They run before any vLLM is installed, so this uses only the standard library
+and reads the pin straight from its file."""
 
 import hashlib
 import os

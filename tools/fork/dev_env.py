@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Make ``.venv``: the pinned upstream vLLM, edited in place, with the fork's
-new modules live in it.
+"""Make the dev venv: the pinned vLLM, edited in place, the new modules live.
 
     python3 tools/fork/dev_env.py [--base 0.33.0]
 

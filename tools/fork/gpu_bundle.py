@@ -101,21 +101,18 @@ print(json.dumps(out))
 
 # Runs on the host with the target on the path; prints one JSON object.
 CHECK = r"""
-import importlib, json, sys
+import importlib, json, sys, torch, vllm
 from importlib import metadata
-import torch, vllm
-report = {"python": sys.version.split()[0], "loaded": [], "failed": {}}
-for name in ("torch", "triton", "vllm", "flashinfer-python"):
-    report[name] = metadata.version(name)
-report["vllm_file"] = vllm.__file__
-report["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+r = {n: metadata.version(n) for n in ("torch", "triton", "vllm", "flashinfer-python")}
+r.update(python=sys.version.split()[0], vllm_file=vllm.__file__, loaded=[], failed={},
+         gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
 for module in sys.argv[1:]:
     try:
         importlib.import_module(module)
-        report["loaded"].append(module)
+        r["loaded"].append(module)
     except BaseException as e:  # every failure is reported, none is fatal
-        report["failed"][module] = f"{type(e).__name__}: {e}"[:600]
-print(json.dumps(report))
+        r["failed"][module] = f"{type(e).__name__}: {e}"[:600]
+print(json.dumps(r))
 """
 
 

@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The main job: build the fork wheel and the upstream patch series, install
-the wheel into a clean venv, smoke it and print what it will do.
+"""The main job: build the wheels and the patch series, install and check them.
 
     python3 tools/fork/main_job.py [--base 0.30.0] [--base 0.33.0]
 
