@@ -31,11 +31,8 @@ class EditError(RuntimeError):
 
 @dataclass(frozen=True)
 class Edit:
-    """One in-place change of an upstream file.
-
-    ``anchor`` is one text for every base or a mapping from base to anchor;
-    ``bases`` limits the edit to some bases; ``concern`` names its patch.
-    """
+    """One in-place change of an upstream file; ``anchor`` may differ per base
+    (a mapping), ``bases`` limits it to some, ``concern`` names its patch."""
 
     file: str
     scope: str
@@ -96,13 +93,12 @@ def _scope_node(tree: ast.Module, edit: Edit) -> ast.AST:
 def _find_anchor(source: str, lines: list[str], node: ast.AST, edit: Edit, anchor: str):
     """0-based (line, column) of the only occurrence of ``anchor`` in ``node``,
     its decorators included; overlapping occurrences count."""
-    if isinstance(node, ast.Module):
-        first, last = 0, len(lines) - 1
-    else:
-        decorators = [d.lineno for d in node.decorator_list]  # type: ignore[attr-defined]
-        first = min([node.lineno, *decorators]) - 1  # type: ignore[attr-defined]
-        last = node.end_lineno - 1  # type: ignore[attr-defined]
-    scope_text = "".join(lines[first : last + 1])
+    first, end = 0, len(lines)
+    if not isinstance(node, ast.Module):
+        decorators = node.decorator_list  # type: ignore[attr-defined]
+        first = min(d.lineno for d in [node, *decorators]) - 1
+        end = node.end_lineno  # type: ignore[attr-defined]
+    scope_text = "".join(lines[first:end])
     hits = [m.start() for m in re.finditer(f"(?={re.escape(anchor)})", scope_text)]
     if len(hits) != 1:
         found = "not found" if not hits else f"found {len(hits)} times"
@@ -115,9 +111,8 @@ def _find_anchor(source: str, lines: list[str], node: ast.AST, edit: Edit, ancho
 
 
 def _insertion_span(node: ast.AST, line: int, column: int) -> tuple[int, int, int]:
-    """1-based (first line, last line) and column an insertion at the anchor
-    goes around: the dict entry whose key starts there (upstream's registries
-    are dict displays), else the innermost statement holding the anchor."""
+    """1-based first and last line and column of the dict entry whose key starts
+    at the anchor (upstream's registries), else of its innermost statement."""
     holding = [
         child
         for child in ast.walk(node)
@@ -138,14 +133,14 @@ def _insertion_span(node: ast.AST, line: int, column: int) -> tuple[int, int, in
     return next(entries, (stmt.lineno, stmt.end_lineno, stmt.col_offset))  # type: ignore[arg-type]
 
 
-def _indented(text: str, indent: str) -> list[str]:
-    body = textwrap.dedent(text).strip("\n")
-    return [(indent + ln if ln.strip() else "") + "\n" for ln in body.split("\n")]
-
-
-def _body_indent(node: ast.AST, lines: list[str]) -> str:
-    line = lines[node.body[0].lineno - 1]  # type: ignore[attr-defined]
+def _lead(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
+
+
+def _indented(text: str, like: str) -> list[str]:
+    """``text``'s lines, indented as the line ``like``."""
+    body, indent = textwrap.dedent(text).strip("\n"), _lead(like)
+    return [(indent + ln if ln.strip() else "") + "\n" for ln in body.split("\n")]
 
 
 def apply_edit(source: str, edit: Edit, base: str) -> str:
@@ -156,7 +151,7 @@ def apply_edit(source: str, edit: Edit, base: str) -> str:
         if not isinstance(node, ast.ClassDef):
             raise EditError(f"{edit.file}: {edit.where}: is not a class")
         end = node.end_lineno  # type: ignore[attr-defined]
-        lines[end:end] = ["\n", *_indented(edit.text, _body_indent(node, lines))]
+        lines[end:end] = ["\n", *_indented(edit.text, lines[node.body[0].lineno - 1])]
     elif edit.action == REPLACE_BODY:
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             raise EditError(f"{edit.file}: {edit.where}: is not a function")
@@ -165,14 +160,14 @@ def apply_edit(source: str, edit: Edit, base: str) -> str:
         if not kept:
             raise EditError(f"{edit.file}: {edit.where}: has no body to replace")
         start, end = kept[0].lineno - 1, node.end_lineno  # type: ignore[attr-defined]
-        lines[start:end] = _indented(edit.text, _body_indent(node, lines))
+        lines[start:end] = _indented(edit.text, lines[node.body[0].lineno - 1])
     else:
         anchor = edit.anchor_for(base)
         assert anchor is not None
         line, column = _find_anchor(source, lines, node, edit, anchor)
         if edit.action == REPLACE:
-            indent = lines[line][: len(lines[line]) - len(lines[line].lstrip())]
-            new = textwrap.dedent(edit.text).strip("\n").replace("\n", "\n" + indent)
+            new = textwrap.dedent(edit.text).strip("\n")
+            new = new.replace("\n", "\n" + _lead(lines[line]))
             joined = "".join(lines[line:])
             joined = joined[:column] + new + joined[column + len(anchor) :]
             rest = joined.splitlines(keepends=True)
@@ -202,8 +197,7 @@ def apply_edit(source: str, edit: Edit, base: str) -> str:
 def apply_edits(
     read: Callable[[str], str], edits: Iterable[Edit], base: str
 ) -> dict[str, str]:
-    """Every file the edits touch, edited in order; ``read(path)`` returns
-    the pristine upstream text."""
+    """Every file the edits touch, edited in order from ``read(path)``."""
     edited: dict[str, str] = {}
     for edit in (e for e in edits if e.applies_to(base)):
         text = edited[edit.file] if edit.file in edited else read(edit.file)

@@ -2,15 +2,12 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A new module as an earlier patch of the series adds it.
 
-The repository holds each new module in its final form; where a later patch
-extends it (the Triton fallback growing the page policy), the earlier copy
-drops the definitions that patch owns: named top-level definitions
-(``"negotiate"``) and class members (``"SparseMLAPlan.note"``) with their
-decorators and the comments right above; the innermost statement using a
-dropped name (a member by its attribute name, ``x.note``), and an ``if``
-without ``else`` left empty by that; then imports nothing uses. Blank lines
-are set as ruff would. A block left empty is an error: the final module must
-be written so that each stage reads as a module of its own.
+The repository holds each module in its final form; the earlier copy drops
+the definitions a later patch owns (``"negotiate"``, ``"SparseMLAPlan.note"``)
+with their decorators and comments, the innermost statements using them (a
+member by attribute name), blocks that only did so, then unused imports,
+spacing what stays as ruff would. A block left empty is an error: the final
+module must be written so each stage stands alone.
 """
 
 import ast
@@ -34,8 +31,7 @@ def _indent(line: str) -> int:
 def _span(node: ast.stmt, lines: list[str]) -> tuple[int, int]:
     """0-based first and last line of ``node``, decorators and the comments
     right above it included."""
-    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    start -= 1
+    start = min(d.lineno for d in [node, *getattr(node, "decorator_list", [])]) - 1
     indent = _indent(lines[start])
     while (
         start > 0
@@ -122,18 +118,13 @@ def earlier_stage(source: str, removed: Iterable[str]) -> str:
             for sub in ast.walk(node)
         )
 
-    def doomed(body: list[ast.stmt], scope: str | None) -> list[ast.stmt]:
-        """The statements of ``body`` and its blocks that go; ``scope`` is ""
-        for the module, "Class." in a class, None in a function (where no
-        definition goes by name)."""
+    def doomed(body: list[ast.stmt], scope: str) -> list[ast.stmt]:
+        """The statements of ``body`` and its blocks that go; ``scope`` prefixes
+        the names ``body`` defines ("Class."), matching none in a function."""
         out: list[ast.stmt] = []
         for node in body:
-            if scope is not None and qualified & {
-                f"{scope}{n}" for n in _defined_names(node)
-            }:
-                out.append(node)
-                continue
-            if isinstance(node, ast.ClassDef):
+            defines = qualified & {scope + n for n in _defined_names(node)}
+            if isinstance(node, ast.ClassDef) and not defines:
                 out += doomed(node.body, f"{node.name}.")
                 continue
             blocks = [
@@ -142,14 +133,15 @@ def earlier_stage(source: str, removed: Iterable[str]) -> str:
                 if isinstance(block := getattr(node, field, None), list)
             ]
             inside = {id(s) for block in blocks for s in block}
-            if any(uses(c) for c in ast.iter_child_nodes(node) if id(c) not in inside):
+            outer = [c for c in ast.iter_child_nodes(node) if id(c) not in inside]
+            if defines or any(map(uses, outer)):
                 out.append(node)
                 continue
             # Handlers are no statements: their bodies are left as they are.
             inner = [
                 stmt
                 for block in blocks
-                for stmt in doomed([s for s in block if isinstance(s, ast.stmt)], None)
+                for stmt in doomed([s for s in block if isinstance(s, ast.stmt)], "\0")
             ]
             # A branch that only did what went goes with its condition.
             if (
@@ -162,14 +154,9 @@ def earlier_stage(source: str, removed: Iterable[str]) -> str:
         return out
 
     tree = ast.parse(source)
-    found = {
-        prefix + name
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Module, ast.ClassDef))
-        for prefix in [f"{node.name}." if isinstance(node, ast.ClassDef) else ""]
-        for stmt in node.body
-        for name in _defined_names(stmt)
-    }
+    found = {n for s in tree.body for n in _defined_names(s)}
+    for c in (c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)):
+        found |= {f"{c.name}.{n}" for s in c.body for n in _defined_names(s)}
     if missing := qualified - found:
         raise ValueError(f"no definition of {sorted(missing)} to remove")
     gone = doomed(tree.body, "")
@@ -184,5 +171,4 @@ def earlier_stage(source: str, removed: Iterable[str]) -> str:
                 )
     lines = source.splitlines()
     staged = _cut(lines, [(*_span(n, lines), []) for n in gone])
-    text = "\n".join(staged) + "\n"
-    return "\n".join(_cut(staged, _unused_imports(text))) + "\n"
+    return "\n".join(_cut(staged, _unused_imports("\n".join(staged)))) + "\n"

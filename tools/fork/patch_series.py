@@ -1,15 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Generate the upstream patch series: the fork's change as ``git am``-able
-patches against a pristine vLLM tree, one patch per concern.
+"""Generate the upstream patch series: one ``git am``-able patch per concern.
+
+The patches apply to a pristine vLLM tree taken from the pinned wheel.
 
     python3 tools/fork/patch_series.py [--out DIR] [--base 0.33.0]
 
-The pristine tree is the pinned wheel's Python package (its compiled parts
-left out); each patch adds the edits of its concern (tools/fork/edits.py)
-and its new files on top of the previous one, so the series applies in
-order; tools/fork/series.toml declares each patch's files and the message
-saying why it exists. The diffs are made at build time, never committed.
+Each patch adds its concern's edits (tools/fork/edits.py) and files
+(tools/fork/series.toml) on top of the previous one, to the pinned wheel's
+Python package; the diffs are made at build time, never committed.
 """
 
 import argparse
@@ -39,39 +38,24 @@ from tools.fork.edits import CONCERNS, EDITS, PAGES  # noqa: E402
 from tools.fork.module_stages import earlier_stage  # noqa: E402
 
 _SERIES = tomllib.loads(Path(__file__).with_name("series.toml").read_text())
-# The repository's files each patch adds, by concern (glob patterns).
-SERIES_FILES: dict[str, tuple[str, ...]] = {
-    c: tuple(_SERIES["files"][c]) for c in CONCERNS
-}
-# The definitions each later concern adds to a module an earlier patch adds.
-LATER_DEFINITIONS: dict[str, dict[str, tuple[str, ...]]] = {
-    path: {c: tuple(names) for c, names in added.items()}
-    for path, added in _SERIES["later_definitions"].items()
-}
-# The fork's files that upstream does not need.
 FORK_ONLY: tuple[str, ...] = tuple(_SERIES["fork_only"])
 
 
-def _message(concern: str, fixed_sm120_pages: bool) -> tuple[str, str]:
+def _message(concern: str, flashinfer: str) -> tuple[str, str]:
     message = _SERIES["messages"][concern]
     body = message["body"].strip()
     if concern == PAGES:
-        pages = "fixed" if fixed_sm120_pages else "runtime"
+        # FlashInfer's SM120 kernels take run-time pages from 0.7.1 on.
+        numbers = [int(p) for p in flashinfer.split(".")[:3] if p.isdigit()]
+        pages = "fixed" if numbers < [0, 7, 1] else "runtime"
         body += "\n\n" + message[f"{pages}_sm120_pages"].strip()
     return message["title"], body
 
 
-def sm120_pages_fixed(flashinfer_version: str) -> bool:
-    """Whether the base's FlashInfer builds its SM120 kernels for one page
-    (run-time pages arrived in FlashInfer 0.7.1)."""
-    numbers = tuple(int(p) for p in flashinfer_version.split(".")[:3] if p.isdigit())
-    return numbers < (0, 7, 1)
-
-
 def _concern_of(path: str) -> str | None:
     if not any(fnmatch.fnmatch(path, p) for p in FORK_ONLY):
-        for concern, patterns in SERIES_FILES.items():
-            if any(fnmatch.fnmatch(path, p) for p in patterns):
+        for concern in CONCERNS:
+            if any(fnmatch.fnmatch(path, p) for p in _SERIES["files"][concern]):
                 return concern
     return None
 
@@ -90,15 +74,14 @@ def series_files() -> dict[str, list[str]]:
 
 
 def staged_modules(concern: str) -> dict[str, str]:
-    """The new modules that later patches extend, as the patch of
-    ``concern`` leaves them."""
+    """The new modules later patches extend, as ``concern``'s patch leaves them."""
     done = CONCERNS.index(concern) + 1
     return {
         path: earlier_stage(
             (REPO / path).read_text(),
             [name for c in CONCERNS[done:] for name in added.get(c, ())],
         )
-        for path, added in LATER_DEFINITIONS.items()
+        for path, added in _SERIES["later_definitions"].items()
         if _concern_of(path) in CONCERNS[:done]
     }
 
@@ -141,8 +124,7 @@ def _git(tree: Path, *args: str, identity: tuple[str, str] | None = None) -> str
 
 
 def non_test_lines(numstat: str) -> int:
-    """Added plus removed lines outside tests/ and benchmarks/ in ``git diff
-    --numstat`` output."""
+    """Lines changed outside tests/ and benchmarks/ per ``git diff --numstat``."""
     rows = (line.split("\t", 2) for line in numstat.splitlines())
     return sum(
         int(added) + int(removed)
@@ -156,8 +138,7 @@ def default_out_dir() -> Path:
 
 
 def generate(out_dir: Path, author: str | None = None) -> list[Path]:
-    """Write the series to ``out_dir``, signed off by ``signer(author)``;
-    return the patch files in order."""
+    """Write the series to ``out_dir``; its patch files in order."""
     pin = load_pin()
     identity = signer(author)
     if identity is None:
@@ -179,14 +160,12 @@ def generate(out_dir: Path, author: str | None = None) -> list[Path]:
         for i, concern in enumerate(CONCERNS):
             edits = [e for e in EDITS if e.concern in CONCERNS[: i + 1]]
             edited = apply_edits(lambda p: zf.read(p).decode(), edits, pin.VLLM_VERSION)
-            for path, text in edited.items():
-                (tree / path).write_text(text)
             for path in files[concern]:
                 (tree / path).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(REPO / path, tree / path)
-            for path, text in staged_modules(concern).items():
+            for path, text in {**edited, **staged_modules(concern)}.items():
                 (tree / path).write_text(text)
-            title, body = _message(concern, sm120_pages_fixed(pin.FLASHINFER_VERSION))
+            title, body = _message(concern, pin.FLASHINFER_VERSION)
             _git(tree, "add", "-A")
             if concern == PAGES:
                 changed = _git(tree, "diff", "--cached", "--numstat")
@@ -195,10 +174,8 @@ def generate(out_dir: Path, author: str | None = None) -> list[Path]:
             if identity is not None:
                 message += ["-m", f"Signed-off-by: {identity[0]} <{identity[1]}>"]
             _git(tree, "commit", "-q", *message, identity=identity)
-        _git(
-            tree, "format-patch", "-q", "--no-signature", "-o", str(out_dir),
-            f"HEAD~{len(CONCERNS)}",
-        )  # fmt: skip
+        base = f"HEAD~{len(CONCERNS)}"
+        _git(tree, "format-patch", "-q", "--no-signature", "-o", str(out_dir), base)
     patches = sorted(out_dir.glob("*.patch"))
     for patch in patches:
         lines = patch.read_text().splitlines()
