@@ -68,10 +68,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name as canon
 from packaging.version import Version
 host = json.load(open(sys.argv[1]))
+# Marker.evaluate fills every other marker from this interpreter (Linux too).
 env = {"python_version": host["python"].rsplit(".", 1)[0],
-       "python_full_version": host["python"], "platform_machine": host["machine"],
-       "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
-       "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+       "python_full_version": host["python"], "platform_machine": host["machine"]}
 dists = {canon(d.metadata["Name"]): d for d in metadata.distributions()}
 stop = set(json.loads(sys.argv[2]))
 def walk(roots):
@@ -142,13 +141,13 @@ def plan(host: dict, venv_python: Path, host_file: Path) -> tuple[dict, dict]:
         [venv_python, "-c", RESOLUTION, host_file, json.dumps(list(LEFT_OUT)), *ROOTS],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
-    ship, out_why = {}, {}
+    ship, out_why, torch_built = {}, {}, load_pin().INCOMPATIBLE_PACKAGES
     for name, d in json.loads(out).items():
         if name == "vllm":
             continue
         if d["host_ok"]:
             out_why[name] = f"the host has {d['host']}"
-        elif d["torch"] or name in load_pin().INCOMPATIBLE_PACKAGES:
+        elif d["torch"] or name in torch_built:
             out_why[name] = "comes with the host's torch"
         else:
             ship[name] = d["version"]
