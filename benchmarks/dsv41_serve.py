@@ -55,18 +55,29 @@ MAX_MODEL_LEN = 2304
 MAX_NUM_SEQS = 16
 CHECK_TOKENS = 96
 PROBE_TOKENS = 16
-# The check set: the engine run's prompts and longer ones up to the longest
-# --max-model-len leaves room for, each also reversed (other tokens), so that
-# the set sent at once needs several times the capped KV cache. The
-# tokenizer is byte-level: a character is a token.
+# The check set, sent all at once: the engine run's prompts and longer ones
+# up to what --max-model-len leaves room for, each also reversed (other
+# tokens), CHECK_TOKENS new tokens each; and short prompts that grow by
+# GROW_TOKENS. The scheduler admits a request only when its prompt fits, so
+# the prompts fill the capped cache and the growing requests then take its
+# last pages: the running requests need more than it holds, and vLLM must
+# preempt. The tokenizer is byte-level: a character is a token.
 _LONG = tuple((PROMPTS[3] * 2)[:n] for n in (1536, 1792, 2048))
-CHECK_PROMPTS = (*PROMPTS, *_LONG, *(p[::-1] for p in (*PROMPTS, *_LONG)))
+_SHORT = tuple(PROMPTS[3][i : i + 24 + 8 * i] for i in range(12))
+CHECK_PROMPTS = (*PROMPTS, *_LONG, *(p[::-1] for p in (*PROMPTS, *_LONG)), *_SHORT)
+GROW_TOKENS = 480
+
+
+def check_tokens(prompt: str) -> int:
+    return GROW_TOKENS if prompt in _SHORT else CHECK_TOKENS
+
+
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 PREEMPTIONS = "vllm:num_preemptions_total"
-# The capped KV cache holds this many requests of --max-model-len; the check
-# set sent at once needs about 6.5.
-KV_REQUESTS = 2.5
+# The capped KV cache holds this many requests of --max-model-len (3,500
+# tokens); the check set's prompts need 15,000 and its growing requests 6,500.
+KV_REQUESTS = 1.5
 CAPACITY = r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"
 BENCH_KEYS = (
     "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
@@ -116,7 +127,9 @@ def http(
     url: str, body: dict | bytes | None = None, timeout: float = 600
 ) -> tuple[int, object]:
     """(status, parsed JSON or text); status 0 when no answer came."""
-    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+    data = (
+        body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+    )
     request = urllib.request.Request(
         url, data=data, headers={"Content-Type": "application/json"}
     )
@@ -201,15 +214,24 @@ class Server:
 
 
 def complete(server: Server, prompt: str, max_tokens: int) -> dict:
-    status, body = http(server.url + "/v1/completions", completion_body(prompt, max_tokens))
+    status, body = http(
+        server.url + "/v1/completions", completion_body(prompt, max_tokens)
+    )
     if status != 200 or not isinstance(body, dict):
         return {"status": status, "error": str(body)[:500]}
     return {"status": status, **generation(body)}
 
 
-def complete_all(server: Server, prompts: tuple[str, ...], max_tokens: int) -> list:
+def complete_all(
+    server: Server, prompts: tuple[str, ...], max_tokens: int | None = None
+) -> list:
+    """``prompts`` sent at once; ``max_tokens`` None: the check set's own."""
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        return list(pool.map(lambda p: complete(server, p, max_tokens), prompts))
+        return list(
+            pool.map(
+                lambda p: complete(server, p, max_tokens or check_tokens(p)), prompts
+            )
+        )
 
 
 def clients(server: Server) -> dict:
@@ -223,14 +245,22 @@ def clients(server: Server) -> dict:
     results = {}
     try:
         plain = client.completions.create(prompt=PROMPTS[1], **common)
-        results["completion"] = {"ok": bool(plain.choices[0].text), "text": plain.choices[0].text}
+        results["completion"] = {
+            "ok": bool(plain.choices[0].text),
+            "text": plain.choices[0].text,
+        }
         chunks = client.completions.create(prompt=PROMPTS[1], stream=True, **common)
         text = "".join(c.choices[0].text for c in chunks if c.choices)
-        results["completion stream"] = {"ok": text == plain.choices[0].text, "text": text}
+        results["completion stream"] = {
+            "ok": text == plain.choices[0].text,
+            "text": text,
+        }
         chat = client.chat.completions.create(messages=messages, **common)
         content = chat.choices[0].message.content or ""
         results["chat"] = {"ok": bool(content), "text": content}
-        chunks = client.chat.completions.create(messages=messages, stream=True, **common)
+        chunks = client.chat.completions.create(
+            messages=messages, stream=True, **common
+        )
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         results["chat stream"] = {"ok": text == content, "text": text}
     except openai.OpenAIError as e:
@@ -326,7 +356,9 @@ def start(way: str, args: argparse.Namespace) -> tuple[Server, list[dict]]:
             tries[-1]["start_s"] = round(server.wait_ready(args.start_timeout), 1)
         except RuntimeError as e:
             server.stop()
-            held = _log_number(server.log, r"estimated maximum model length is ([\d,]+)")
+            held = _log_number(
+                server.log, r"estimated maximum model length is ([\d,]+)"
+            )
             tries[-1].update(error=str(e), holds_tokens=held)
             if not held or attempt == 2:
                 raise RuntimeError(f"{e}; tries {tries}") from e
@@ -334,7 +366,7 @@ def start(way: str, args: argparse.Namespace) -> tuple[Server, list[dict]]:
         else:
             requests = _log_number(server.log, CAPACITY)
             tries[-1]["holds_requests"] = requests
-            if requests is None or 1.5 <= requests <= 4 or attempt == 2:
+            if requests is None or 1.2 <= requests <= 2.2 or attempt == 2:
                 return server, tries
             server.stop()
             blocks = int(blocks * KV_REQUESTS / requests) + 1
@@ -353,10 +385,10 @@ def serve_way(way: str, args: argparse.Namespace) -> dict:
     try:
         if way == "a":
             record["reference"] = [
-                complete(server, p, CHECK_TOKENS) for p in CHECK_PROMPTS
+                complete(server, p, check_tokens(p)) for p in CHECK_PROMPTS
             ]
         before = metric(server.metrics(), PREEMPTIONS) or 0.0
-        record["check"] = complete_all(server, CHECK_PROMPTS, CHECK_TOKENS)
+        record["check"] = complete_all(server, CHECK_PROMPTS)
         after = metric(server.metrics(), PREEMPTIONS) or 0.0
         record["check_preemptions"] = after - before
         record["clients"] = clients(server)
@@ -364,7 +396,7 @@ def serve_way(way: str, args: argparse.Namespace) -> dict:
         record["disconnect"] = disconnect(server, kv_usage(server))
         record["bench"] = {"inf": bench(server, args.model, args.out, way, "inf", 200)}
         if time.monotonic() < args.deadline:
-            record["bench"]["8"] = bench(server, args.model, args.out, way, "8", 100)
+            record["bench"]["8"] = bench(server, args.model, args.out, way, "8", 80)
         record["preemptions_total"] = metric(server.metrics(), PREEMPTIONS)
     except Exception as e:  # noqa: BLE001 - recorded; the report fails it
         record["error"] = repr(e)
@@ -425,12 +457,16 @@ def verdict(records: dict[str, dict]) -> dict:
         if w["completed"] != w["sent"] or not rows:
             failures.append(f"({way}) completed {w['completed']} of {w['sent']}")
         if w["non_tie_partings"] or any(r.get("lost") for r in rows):
-            failures.append(f"({way}) {w['non_tie_partings']} answers part at a non-tie")
+            failures.append(
+                f"({way}) {w['non_tie_partings']} answers part at a non-tie"
+            )
         if not preempted > 0:
             failures.append(f"({way}) no preemption")
         for f in rec.get("faults", []):
             if f["status"] != f["expected"] or f["probe"].get("status") != 200:
-                failures.append(f"({way}) {f['name']}: {f['status']}, probe {f['probe'].get('status')}")
+                failures.append(
+                    f"({way}) {f['name']}: {f['status']}, probe {f['probe'].get('status')}"
+                )
         for name, c in rec.get("clients", {}).items():
             if not c["ok"]:
                 failures.append(f"({way}) openai client {name}: {c['text'][:80]}")
@@ -439,7 +475,9 @@ def verdict(records: dict[str, dict]) -> dict:
         w["bench"] = rec.get("bench", {})
         for rate, b in w["bench"].items():
             if b.get("rc") or b.get("failed"):
-                failures.append(f"({way}) bench rate {rate}: rc {b.get('rc')}, failed {b.get('failed')}")
+                failures.append(
+                    f"({way}) bench rate {rate}: rc {b.get('rc')}, failed {b.get('failed')}"
+                )
     summary["failures"] = failures
     return summary
 
@@ -520,7 +558,7 @@ def main() -> None:
     started = time.monotonic()
     for i, way in enumerate(ways):
         # The fixed-rate bench only while this way's share of the budget lasts.
-        args.deadline = started + args.budget_s * (i + 0.8) / len(ways)
+        args.deadline = started + args.budget_s * (i + 1) / len(ways) - 30
         record = serve_way(way, args)
         (args.out / f"{way}.json").write_text(json.dumps(record) + "\n")
         print(f"({way}) done at {time.monotonic() - started:.0f} s: "

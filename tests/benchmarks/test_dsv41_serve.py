@@ -19,9 +19,7 @@ sys.path.insert(0, str(SERVE.parent))
 import dsv41_serve  # noqa: E402
 
 
-def _run(
-    out: Path, port: int, *args: str, **env: str
-) -> subprocess.CompletedProcess:
+def _run(out: Path, port: int, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, SERVE, "run", "--model", "unused", "--out", out,
          "--ways", "a,b", "--port", str(port), "--start-timeout", "60", *args],
@@ -54,7 +52,7 @@ def test_run_counts_and_faults(served: Path) -> None:
     assert summary["failures"] == []
     for way in ("a", "b"):
         w = summary["ways"][way]
-        assert (w["sent"], w["completed"], w["failed"]) == (14, 14, {})
+        assert (w["sent"], w["completed"], w["failed"]) == (26, 26, {})
         assert w["preemptions"] > 0 and w["non_tie_partings"] == 0
     record = json.loads((served / "b.json").read_text())
     statuses = {f["name"]: f["status"] for f in record["faults"]}
@@ -75,11 +73,11 @@ def test_run_counts_and_faults(served: Path) -> None:
 
 def test_kv_cache_is_capped_from_the_servers_own_capacity(served: Path) -> None:
     # The stand-in takes 90 blocks a request of 2,304 tokens: 50 blocks hold
-    # 1,280 tokens, so it refuses; 2.5 requests take 2.5 * 2304 / 1280 * 50.
+    # 1,280 tokens, so it refuses; 1.5 requests take 1.5 * 2304 / 1280 * 50.
     starts = json.loads((served / "a.json").read_text())["starts"]
-    assert [s["blocks"] for s in starts] == [50, 226]
+    assert [s["blocks"] for s in starts] == [50, 136]
     assert starts[0]["holds_tokens"] == 1280
-    assert starts[1]["holds_requests"] == 2.51
+    assert starts[1]["holds_requests"] == 1.51
     assert (served / "a.0.log").exists() and (served / "a.log").exists()
 
 
@@ -93,9 +91,9 @@ def test_served_answer_parting_at_a_non_tie_fails(tmp_path: Path) -> None:
     assert any(f.startswith("(b) 8 answers part") for f in summary["failures"])
     rows = summary["ways"]["b"]["rows"]
     assert [r["parted_at"] for r in rows if r["non_tie"]] == [5] * 8
-    # From 500 blocks (5.56 requests) the second start aims at 2.5.
+    # From 500 blocks (5.56 requests) the second start aims at 1.5.
     starts = json.loads((tmp_path / "b.json").read_text())["starts"]
-    assert [s["blocks"] for s in starts] == [500, 225]
+    assert [s["blocks"] for s in starts] == [500, 135]
 
 
 def _recorded(served: Path, tmp_path: Path) -> Path:

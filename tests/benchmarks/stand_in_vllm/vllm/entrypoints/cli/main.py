@@ -62,7 +62,9 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *a) -> None:
             pass
 
-        def _send(self, status: int, body: object, kind: str = "application/json") -> None:
+        def _send(
+            self, status: int, body: object, kind: str = "application/json"
+        ) -> None:
             data = (body if isinstance(body, str) else json.dumps(body)).encode()
             self.send_response(status)
             self.send_header("Content-Type", kind)
@@ -98,7 +100,9 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 else body.get("prompt", "")
             )
             if body.get("model") != args.served_model_name:
-                return self._error(404, f"The model `{body.get('model')}` does not exist.")
+                return self._error(
+                    404, f"The model `{body.get('model')}` does not exist."
+                )
             max_tokens = body.get("max_tokens", 16)
             if max_tokens < 1:
                 return self._error(400, "max_tokens must be at least 1")
@@ -177,7 +181,9 @@ def serve(argv: list[str]) -> None:
     requests = args.num_gpu_blocks_override / BLOCKS_PER_REQUEST
     if requests < 1:
         held = int(requests * args.max_model_len)
-        raise SystemExit(f"ValueError: ... the estimated maximum model length is {held}.")
+        raise SystemExit(
+            f"ValueError: ... the estimated maximum model length is {held}."
+        )
     print(f"Maximum concurrency for {args.max_model_len:,} tokens per request: "
           f"{requests:.2f}x", flush=True)  # fmt: skip
     # A listen backlog like uvicorn's: bursts of requests are queued, not refused.
