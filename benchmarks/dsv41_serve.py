@@ -85,7 +85,10 @@ BENCH_KEYS = (
 )  # fmt: skip
 # Faults: name -> (request, the status vLLM answers it with).
 FAULTS = {
-    "prompt longer than --max-model-len": ({"prompt": "x" * (MAX_MODEL_LEN + 100)}, 400),
+    "prompt longer than --max-model-len": (
+        {"prompt": "x" * (MAX_MODEL_LEN + 100)},
+        400,
+    ),
     "max_tokens 0": ({"max_tokens": 0}, 400),
     "max_tokens -1": ({"max_tokens": -1}, 400),
     "malformed JSON": (b'{"model": "dsv41", "prompt": ', 400),
@@ -324,7 +327,8 @@ def bench(server: Server, model: str, out: Path, way: str, rate: str, n: int) ->
         "--backend", "vllm", "--base-url", server.url, "--model", MODEL_NAME,
         "--tokenizer", model, "--dataset-name", "random", "--random-input-len", "1008",
         # Prompts of 16 to 2,000 tokens (1008 +- 98.4 %), 64 new tokens each.
-        "--random-range-ratio", '{"input": 0.984, "output": 0}', "--random-output-len", "64",
+        "--random-range-ratio", '{"input": 0.984, "output": 0}',
+        "--random-output-len", "64",
         "--num-prompts", str(n), "--request-rate", rate, "--ignore-eos", "--seed", "0",
         "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
         "--save-result", "--result-dir", str(out), "--result-filename", name,
@@ -465,7 +469,8 @@ def verdict(records: dict[str, dict]) -> dict:
         for f in rec.get("faults", []):
             if f["status"] != f["expected"] or f["probe"].get("status") != 200:
                 failures.append(
-                    f"({way}) {f['name']}: {f['status']}, probe {f['probe'].get('status')}"
+                    f"({way}) {f['name']}: {f['status']}, "
+                    f"probe {f['probe'].get('status')}"
                 )
         for name, c in rec.get("clients", {}).items():
             if not c["ok"]:
@@ -476,7 +481,8 @@ def verdict(records: dict[str, dict]) -> dict:
         for rate, b in w["bench"].items():
             if b.get("rc") or b.get("failed"):
                 failures.append(
-                    f"({way}) bench rate {rate}: rc {b.get('rc')}, failed {b.get('failed')}"
+                    f"({way}) bench rate {rate}: rc {b.get('rc')}, "
+                    f"failed {b.get('failed')}"
                 )
     summary["failures"] = failures
     return summary
@@ -489,23 +495,29 @@ def _counts(by_status: dict) -> str:
 def table(summary: dict) -> str:
     """The markdown table: counts, then bench figures as ratios to (a)."""
     lines = [
-        f"Noise N = {summary['noise']:.3g} ((a) under load against (a) one prompt "
-        f"at a time); answers judged by 2N = {summary['bound']:.3g}.",
+        (
+            f"Noise N = {summary['noise']:.3g} ((a) under load against (a) one "
+            f"prompt at a time); answers judged by 2N = {summary['bound']:.3g}."
+        ),
         "",
-        "| way | KV cache (requests of --max-model-len) | sent | completed | failed "
-        "| preemptions (check / total) | non-tie partings |",
+        (
+            "| way | KV cache (requests of --max-model-len) | sent | completed "
+            "| failed | preemptions (check / total) | non-tie partings |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     ways = summary["ways"]
     for way, w in ways.items():
         lines.append(
-            f"| ({way}) | {w['kv_requests']} | {w['sent']} | {w['completed']} | {_counts(w['failed'])} | "
-            f"{w['check_preemptions']} / {w['preemptions']} | {w['non_tie_partings']} |"
+            f"| ({way}) | {w['kv_requests']} | {w['sent']} | {w['completed']} "
+            f"| {_counts(w['failed'])} "
+            f"| {w['check_preemptions']} / {w['preemptions']} "
+            f"| {w['non_tie_partings']} |"
         )
     a_bench = ways.get("a", {}).get("bench", {})
     for rate, ref in a_bench.items():
-        lines += ["", f"`vllm bench serve`, request rate {rate}; ratio to (a) in brackets "
-                  "(times: lower is better; throughput: higher)", "",
+        lines += ["", (f"`vllm bench serve`, request rate {rate}; ratio to (a) in "
+                       "brackets (times: lower is better; throughput: higher)"), "",
                   "| way | " + " | ".join(BENCH_KEYS) + " |",
                   "|---|" + "---:|" * len(BENCH_KEYS)]  # fmt: skip
         for way, w in ways.items():
@@ -542,7 +554,7 @@ def main() -> None:
     run.add_argument("--ways", default="a,b,c")
     run.add_argument("--port", type=int, default=8731)
     run.add_argument("--num-gpu-blocks", type=int, default=500,
-                     help="the first start's; later starts aim at KV_REQUESTS")  # fmt: skip
+                     help="first start's; later ones aim at KV_REQUESTS")  # fmt: skip
     run.add_argument("--start-timeout", type=float, default=240)
     run.add_argument("--budget-s", type=float, default=540,
                      help="skip the fixed-rate bench once this is spent")  # fmt: skip

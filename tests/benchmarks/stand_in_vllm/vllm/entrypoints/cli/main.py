@@ -8,9 +8,10 @@ greedy tokens: step i of a prompt is a fixed function of the prompt and i,
 with two log-probabilities (-0.1 and -2.5, a clear winner). A request that
 arrives while four are in flight counts a preemption; the KV cache usage is the
 share of --max-num-seqs in flight. The KV cache holds
---num-gpu-blocks-override / 90 requests; below one the server refuses to start. ``STAND_IN_NON_TIE=<backend>`` makes that
-backend choose the runner-up at step 5 of prompts over 1,000 characters: an
-answer that parts from any other backend's at a non-tie.
+--num-gpu-blocks-override / 90 requests; below one the server refuses to start.
+``STAND_IN_NON_TIE=<backend>`` makes that backend choose the runner-up at step 5
+of prompts over 1,000 characters: an answer that parts from any other backend's
+at a non-tie.
 """
 
 import argparse
@@ -80,8 +81,9 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 self._send(200, "", "text/plain")
             elif self.path == "/metrics":
                 usage = state.in_flight / args.max_num_seqs
+                preemptions = float(state.preemptions)
                 self._send(200, (
-                    f'vllm:num_preemptions_total{{model_name="m"}} {float(state.preemptions)}\n'
+                    f'vllm:num_preemptions_total{{model_name="m"}} {preemptions}\n'
                     f'vllm:kv_cache_usage_perc{{model_name="m"}} {usage}\n'
                 ), "text/plain")  # fmt: skip
             else:
@@ -207,7 +209,8 @@ def bench_serve(argv: list[str]) -> None:
          "median_itl_ms", "p99_itl_ms"), 10.0,
     )  # fmt: skip
     result = {"completed": args.num_prompts, "failed": 0,
-              "num_prompts": args.num_prompts, "output_throughput": 500.0, **figures}  # fmt: skip
+              "num_prompts": args.num_prompts, "output_throughput": 500.0,
+              **figures}  # fmt: skip
     with open(os.path.join(args.result_dir, args.result_filename), "w") as f:
         json.dump(result, f)
 
