@@ -4,11 +4,16 @@
 PyTorch gather + dequantize + matmul baseline and, where a build of it is given,
 FlashMLA's SM90 DeepSeek-V4 ("MODEL1") sparse FP8 decode on the same pages.
 
-Decode: tokens {1, 2, 4, 8, 32, 128, 256} x heads {16, 64, 128}, each token
-with an SWA segment of 128 and a compressed top-k segment of 512 candidates,
-packed FP8 (584-byte fp8_ds_mla) records, sinks on. Prefill: one larger
-token count. Accuracy of every kernel is against a float64 reference over
-the dequantised rows.
+Decode: tokens {1, 2, 4, 8, 32, 128, 256} x heads {8, 16, 32, 64, 128}
+(DeepSeek V4.1 Flash's 64 heads at TP 8/4/2/1, and 128), each token with an
+SWA segment of 128 and a compressed top-k segment of 512 candidates, packed
+FP8 (584-byte fp8_ds_mla) records, sinks on. DSpark decode: requests of
+``DSPARK_QUERY_TOKENS`` query tokens that all see one SWA index row (the
+non-causal window: the trailing 128 slots plus the request's query tokens,
+padded to the width ``get_dspark_swa_index_width`` gives), SWA only, as the
+DSpark draft layer calls the kernel. Prefill: one larger token count.
+Accuracy of every kernel is against a float64 reference over the
+dequantised rows.
 
     python benchmarks/kernels/benchmark_dsv41_sparse_mla.py \
         --out-dir benchmarks/results [--flashmla-module PATH] [--sweep]
@@ -48,6 +53,8 @@ PEAK_BW = 4.3e12
 PEAK_FLOPS = 790e12
 SWA_CAP = 128
 CMP_CAP = 512
+WINDOW = 128
+DSPARK_QUERY_TOKENS = 5
 PAGE = 64
 RECORD = 584
 
@@ -70,37 +77,64 @@ def make_pool(num_pages: int, g: torch.Generator) -> torch.Tensor:
     return buf.as_strided((num_pages, PAGE, 1, RECORD), (page_bytes, RECORD, RECORD, 1))
 
 
-def make_inputs(tokens: int, heads: int, seed: int = 0):
+def dspark_swa_width() -> int:
+    """The SWA index width of DSpark's non-causal decode, from vLLM."""
+    from vllm.v1.attention.backends.mla.compressor_utils import (
+        get_dspark_swa_index_width,
+    )
+
+    return get_dspark_swa_index_width(WINDOW, DSPARK_QUERY_TOKENS)
+
+
+def make_inputs(tokens: int, heads: int, seed: int = 0, dspark: bool = False):
+    """One step's inputs. ``dspark``: ``tokens`` is a multiple of
+    DSPARK_QUERY_TOKENS; each request's tokens share their SWA row (window
+    plus the request's queries live, the rest of the padded width -1) and
+    there is no compressed segment."""
     g = torch.Generator(device="cuda").manual_seed(seed)
+    swa_cap = dspark_swa_width() if dspark else SWA_CAP
     # Pools far larger than the 60 MB L2, so rows come from HBM.
-    swa_pages = max(64, tokens * SWA_CAP // PAGE * 4)
+    swa_pages = max(64, tokens * swa_cap // PAGE * 4)
     cmp_pages = 4096
     swa = make_pool(swa_pages, g)
-    cmp = make_pool(cmp_pages, g)
     q = torch.randn(tokens, heads, 512, device="cuda", generator=g)
     q = q.to(torch.bfloat16)
+    rows = tokens // DSPARK_QUERY_TOKENS if dspark else tokens
     swa_idx = torch.randint(
-        0, swa_pages * PAGE, (tokens, 1, SWA_CAP), device="cuda", generator=g
+        0, swa_pages * PAGE, (rows, 1, swa_cap), device="cuda", generator=g
     ).to(torch.int32)
-    cmp_idx = torch.randint(
-        0, cmp_pages * PAGE, (tokens, 1, CMP_CAP), device="cuda", generator=g
-    ).to(torch.int32)
-    swa_lens = torch.full((tokens,), SWA_CAP, dtype=torch.int32, device="cuda")
-    cmp_lens = torch.full((tokens,), CMP_CAP, dtype=torch.int32, device="cuda")
-    sinks = torch.randn(heads, device="cuda", generator=g)
-    out = torch.empty_like(q)
-    return dict(
+    live = min(WINDOW + DSPARK_QUERY_TOKENS, swa_cap) if dspark else SWA_CAP
+    swa_idx[:, :, live:] = -1
+    if dspark:
+        swa_idx = swa_idx.repeat_interleave(DSPARK_QUERY_TOKENS, 0)
+    swa_lens = torch.full((tokens,), live, dtype=torch.int32, device="cuda")
+    x = dict(
         query=q,
         swa=swa,
         swa_idx=swa_idx,
         swa_lens=swa_lens,
-        cmp=cmp,
-        cmp_idx=cmp_idx,
-        cmp_lens=cmp_lens,
-        sinks=sinks,
-        out=out,
+        cmp=None,
+        cmp_idx=None,
+        cmp_lens=None,
+        sinks=torch.randn(heads, device="cuda", generator=g),
+        out=torch.empty_like(q),
         scale=512**-0.5,
     )
+    if not dspark:
+        x["cmp"] = make_pool(cmp_pages, g)
+        x["cmp_idx"] = torch.randint(
+            0, cmp_pages * PAGE, (tokens, 1, CMP_CAP), device="cuda", generator=g
+        ).to(torch.int32)
+        x["cmp_lens"] = torch.full((tokens,), CMP_CAP, dtype=torch.int32, device="cuda")
+    return x
+
+
+def segments(x) -> list[tuple]:
+    """(pool, [T, N] slot ids, live lengths) of each segment present."""
+    segs = [(x["swa"], x["swa_idx"][:, 0], x["swa_lens"])]
+    if x["cmp"] is not None:
+        segs.append((x["cmp"], x["cmp_idx"][:, 0], x["cmp_lens"]))
+    return segs
 
 
 def run_triton(x, **cfg):
@@ -136,17 +170,15 @@ def _gather_dequant(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 def run_torch(x):
     """What one would write without a kernel: gather, dequantize, two batched
     matmuls and a masked softmax with the sink column."""
-    swa_idx = x["swa_idx"][:, 0]
-    cmp_idx = x["cmp_idx"][:, 0]
+    segs = segments(x)
     kv = torch.cat(
-        [_gather_dequant(x["swa"], swa_idx), _gather_dequant(x["cmp"], cmp_idx)], 1
+        [_gather_dequant(pool, idx.clamp_min(0)) for pool, idx, _ in segs], 1
     )
-    pos_s = torch.arange(swa_idx.shape[1], device="cuda")
-    pos_c = torch.arange(cmp_idx.shape[1], device="cuda")
     live = torch.cat(
         [
-            (pos_s[None] < x["swa_lens"][:, None]) & (swa_idx >= 0),
-            (pos_c[None] < x["cmp_lens"][:, None]) & (cmp_idx >= 0),
+            (torch.arange(idx.shape[1], device="cuda")[None] < lens[:, None])
+            & (idx >= 0)
+            for _, idx, lens in segs
         ],
         1,
     )
@@ -158,12 +190,12 @@ def run_torch(x):
     return x["out"]
 
 
-def default_config(tokens: int, heads: int) -> str:
+def default_config(tokens: int, heads: int, swa_cap: int, cmp_cap: int) -> str:
     """The launch configuration the kernel picks by itself, for the table."""
     block_h, num_warps, block_n, dv_splits = K._default_tile(
         tokens, heads, True, K._max_shared_bytes(torch.cuda.current_device())
     )
-    chunks = -(-SWA_CAP // block_n) - (-CMP_CAP // block_n)
+    chunks = -(-swa_cap // block_n) - (-cmp_cap // block_n)
     base = tokens * -(-heads // block_h) * dv_splits
     # Older kernel copies (--kernel) have no per-SM program count.
     per_sm = getattr(K, "_programs_per_sm", lambda bh, nw: 1)(block_h, num_warps)
@@ -175,8 +207,8 @@ def default_config(tokens: int, heads: int) -> str:
     return f"bh{block_h} w{num_warps} bn{block_n} dv/{dv_splits} s{splits}"
 
 
-def cost(tokens: int, heads: int) -> tuple[float, float]:
-    n = SWA_CAP + CMP_CAP
+def cost(tokens: int, heads: int, n: int = SWA_CAP + CMP_CAP) -> tuple[float, float]:
+    """FLOPs and bytes of a step whose tokens each attend to ``n`` rows."""
     flops = 2.0 * heads * n * (512 + 512) * tokens
     # Each candidate record once, its index, the query and the output.
     bytes_ = tokens * (n * (RECORD + 4) + 2 * heads * 512 * 2 + 8)
@@ -226,10 +258,8 @@ def reference_f64(x, chunk: int = 128) -> torch.Tensor:
     for t0 in range(0, q.shape[0], chunk):
         sl = slice(t0, t0 + chunk)
         segs = []
-        for pool, idx, lens in (
-            (x["swa"], x["swa_idx"][sl, 0], x["swa_lens"][sl]),
-            (x["cmp"], x["cmp_idx"][sl, 0], x["cmp_lens"][sl]),
-        ):
+        for pool, idx, lens in segments(x):
+            idx, lens = idx[sl], lens[sl]
             pos = torch.arange(idx.shape[1], device=idx.device)
             live = (pos[None] < lens[:, None]) & (idx >= 0)
             segs.append((_dequant_f64(pool, idx.clamp_min(0)), live))
@@ -264,19 +294,24 @@ def point(
     peer=None,
     **cfg,
 ) -> dict:
-    x = make_inputs(tokens, heads)
+    x = make_inputs(tokens, heads, dspark=kind == "dspark")
+    swa_cap = x["swa_idx"].shape[-1]
+    cmp_cap = 0 if x["cmp"] is None else x["cmp_idx"].shape[-1]
     ref = reference_f64(x)
     err = check(x, ref, **cfg)
     t_ms = bench(lambda: run_triton(x, **cfg), rep_ms)
-    flops, bytes_ = cost(tokens, heads)
+    # Live rows per token (DSpark's padding past them is skipped unread).
+    live = int(x["swa_lens"][0]) + (0 if x["cmp"] is None else int(x["cmp_lens"][0]))
+    flops, bytes_ = cost(tokens, heads, live)
     floor_s = max(bytes_ / PEAK_BW, flops / PEAK_FLOPS)
     row = dict(
         kind=kind,
         tokens=tokens,
         heads=heads,
-        candidates=SWA_CAP + CMP_CAP,
+        candidates=live,
         config=(
-            default_config(tokens, heads) + "".join(f" {k}={v}" for k, v in cfg.items())
+            default_config(tokens, heads, swa_cap, cmp_cap)
+            + "".join(f" {k}={v}" for k, v in cfg.items())
             if set(cfg) <= {"bit_dequant"}
             else cfg
         ),
@@ -390,7 +425,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             f"{PEAK_BW / 1e12:.1f} TB/s, flops / {PEAK_FLOPS / 1e12:.0f} TFLOP/s); "
             "times are medians of triton.testing.do_bench over CUDA-graph replays "
             "(L2 cleared before each). Errors: ||out - ref|| / ||ref|| against a "
-            "float64 reference over the dequantised rows."
+            "float64 reference over the dequantised rows. dspark rows: "
+            f"requests of {DSPARK_QUERY_TOKENS} query tokens sharing one "
+            f"non-causal SWA row ({WINDOW + DSPARK_QUERY_TOKENS} live slots "
+            f"of the padded width {dspark_swa_width()}), no compressed segment."
         ),
     ]
     if peer:
@@ -471,7 +509,10 @@ def _load_peer(path: str | None):
 
 
 DECODE_TOKENS = (1, 2, 4, 8, 32, 128, 256)
-DECODE_HEADS = (16, 64, 128)
+DECODE_HEADS = (8, 16, 32, 64, 128)
+# DSpark decode: requests per step (x DSPARK_QUERY_TOKENS tokens) x heads.
+DSPARK_REQUESTS = (1, 8, 32)
+DSPARK_HEADS = (8, 16, 32, 64)
 
 
 def _parse_points(text: str) -> list[tuple[int, int]]:
@@ -487,6 +528,7 @@ def main() -> None:
     ap.add_argument("--prefill-tokens", type=int, default=4096)
     ap.add_argument("--prefill-heads", type=int, default=128)
     ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--no-dspark", action="store_true", help="skip the DSpark rows")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
     ap.add_argument(
         "--flashmla-module",
@@ -569,6 +611,22 @@ def main() -> None:
             ),
             flush=True,
         )
+    dspark = [] if args.no_dspark or args.points else DSPARK_REQUESTS
+    for requests in dspark:
+        for heads in DSPARK_HEADS:
+            tokens = requests * DSPARK_QUERY_TOKENS
+            r = point(tokens, heads, "dspark", False, args.rep_ms, peer, **cfg)
+            rows.append(r)
+            print(
+                f"dspark T={tokens:4d} H={heads:3d} {r['time_us']:8.1f} us"
+                + (
+                    f" | FlashMLA {r['flashmla_us']:7.1f} us "
+                    f"ours {r['speed_vs_flashmla']:.2f}x"
+                    if "flashmla_us" in r
+                    else ""
+                ),
+                flush=True,
+            )
     if not args.no_prefill:
         rows.append(
             point(

@@ -8,7 +8,9 @@ them, nor a recipe for one. The benchmark takes an extension module built
 outside it (``--flashmla-module PATH``) that exposes ``plan(swa_lens,
 cmp_lens, heads, swa_topk, cmp_topk) -> (metadata, splits)`` and
 ``decode(q, swa, swa_idx, swa_lens, sinks, cmp, cmp_idx, cmp_lens, metadata,
-splits, out, lse, o_acc, lse_acc, scale)`` over FlashMLA's MODEL1 kernels;
+splits, out, lse, o_acc, lse_acc, scale)`` over FlashMLA's MODEL1 kernels,
+where the compressed segment's ``cmp_lens``, ``cmp``, ``cmp_idx`` may be
+``None`` (``cmp_topk`` 0: SWA only, as DSpark's draft layer);
 ``VERSIONS`` beside it names the FlashMLA and CUTLASS commits.
 """
 
@@ -57,12 +59,13 @@ class FlashMLAPeer:
         qp[:, 0, :heads] = q
         sinks = torch.full((padded,), float("-inf"), device=q.device)
         sinks[:heads] = x["sinks"]
+        has_cmp = x["cmp"] is not None
         meta, splits = self.mod.plan(
             x["swa_lens"],
             x["cmp_lens"],
             padded,
             x["swa_idx"].shape[-1],
-            x["cmp_idx"].shape[-1],
+            x["cmp_idx"].shape[-1] if has_cmp else 0,
         )
         parts = meta.shape[0]
         out = torch.empty_like(qp)
@@ -70,7 +73,7 @@ class FlashMLAPeer:
         o_acc = torch.empty(tokens + parts, 1, padded, dim, device=q.device)
         lse_acc = torch.empty(tokens + parts, 1, padded, device=q.device)
         swa = x["swa"].view(torch.uint8)
-        cmp = x["cmp"].view(torch.uint8)
+        cmp = x["cmp"].view(torch.uint8) if has_cmp else None
 
         def run() -> torch.Tensor:
             self.mod.decode(

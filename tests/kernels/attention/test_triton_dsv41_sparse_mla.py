@@ -446,6 +446,8 @@ def test_tiles_for_99_kb_gpus(monkeypatch, tokens: int, heads: int, record: str)
     import vllm.v1.attention.ops.triton_dsv41_sparse_mla as kernels
 
     monkeypatch.setattr(kernels, "_max_shared_bytes", lambda index: 99 * 1024)
+    # Plans made under this GPU's own limit would otherwise be reused.
+    monkeypatch.setattr(kernels, "_plans", {})
     q, segments, sinks = make_case(tokens, heads, record, True, True, seed=31)
     out = run_kernel(q, segments, sinks, SM_SCALE)
     assert not torch.isnan(out).any()
@@ -499,3 +501,44 @@ def test_cuda_graph_replay_sees_new_inputs(num_tokens: int):
         ref = reference(q, segments, SM_SCALE, sinks)
         assert not torch.isnan(out).any()
         assert rel_err(out, ref) < RTOL
+
+
+def test_float8_pools_read_as_their_bytes():
+    """A packed pool handed over as float8_e4m3fn (how FP8 KV caches are
+    typed) gives the output its uint8 view gives, bit for bit."""
+    q, segments, sinks = make_case(5, 64, "fp8", True, True, seed=41)
+    as_bytes = run_kernel(q, segments, sinks, SM_SCALE)
+    typed = [
+        (Pool(pool.cache.view(torch.float8_e4m3fn), pool.cpu_cache, pool.rows), i, n)
+        for pool, i, n in segments
+    ]
+    as_fp8 = run_kernel(q, typed, sinks, SM_SCALE)
+    assert torch.equal(as_fp8, as_bytes)
+    assert rel_err(as_fp8, reference(q, segments, SM_SCALE, sinks)) < RTOL
+
+
+@pytest.mark.parametrize("num_tokens,heads", [(1, 8), (4, 16), (3, 64), (160, 128)])
+def test_repeated_calls_allocate_nothing(num_tokens: int, heads: int):
+    """After a geometry's first call (which plans it), calls allocate no GPU
+    memory, split decode shapes included, and stay correct."""
+    q, segments, sinks = make_case(num_tokens, heads, "fp8", True, True, seed=43)
+    out = run_kernel(q, segments, sinks, SM_SCALE)
+    (swa, swa_idx, swa_lens), (cmp, cmp_idx, cmp_lens) = segments
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    for _ in range(3):
+        triton_sparse_mla_dsv41(
+            q,
+            swa.cache,
+            swa_idx,
+            swa_lens,
+            out,
+            SM_SCALE,
+            sinks=sinks,
+            compressed_kv_cache=cmp.cache,
+            extra_sparse_indices=cmp_idx,
+            extra_sparse_topk_lens=cmp_lens,
+        )
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+    assert rel_err(out, reference(q, segments, SM_SCALE, sinks)) < RTOL

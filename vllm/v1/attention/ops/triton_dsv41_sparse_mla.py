@@ -26,6 +26,7 @@ one, which may be more than ``page_size * 584`` (padded pages).
 """
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -60,6 +61,9 @@ def _gather_rows(
     of dead slots (-1) are masked to zeros, so bytes of unused slots (NaN
     included) never reach P @ V.
     """
+    if RECORD != 0:
+        # Packed pools arrive as uint8 or float8_e4m3fn; both are bytes here.
+        pool_ptr = pool_ptr.to(tl.pointer_type(tl.uint8))
     valid = slots >= 0
     page = (slots // page_size).to(tl.int64)
     in_page = (slots % page_size).to(tl.int64)
@@ -552,14 +556,13 @@ def _num_sms(device_index: int) -> int:
 
 def _pool_geometry(
     pool: torch.Tensor, kv_layout: str, name: str
-) -> tuple[torch.Tensor, bool, int, int, int]:
-    """Return (pool, is_fp8_record, page_size, page_stride, token_stride).
+) -> tuple[bool, int, int, int]:
+    """Return (is_fp8_record, page_size, page_stride, token_stride).
 
-    Strides are in elements of the returned pool's dtype (bytes for packed
-    records, BF16 elements otherwise).
+    Strides are in bytes for packed records (uint8 or float8_e4m3fn, which
+    the kernel reads as bytes alike) and in BF16 elements otherwise.
     """
-    if pool.dtype == torch.float8_e4m3fn:
-        pool = pool.view(torch.uint8)
+    packed = pool.dtype in (torch.uint8, torch.float8_e4m3fn)
     if pool.ndim == 4:
         page_dim = 2 if kv_layout == "HND" else 1
         head_dim = 1 if kv_layout == "HND" else 2
@@ -580,7 +583,7 @@ def _pool_geometry(
     page_size = pool.shape[page_dim]
     if pool.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dimension")
-    if pool.dtype == torch.uint8:
+    if packed:
         if pool.shape[-1] != _RECORD_BYTES:
             raise ValueError(
                 f"packed {name} must have {_RECORD_BYTES}-byte fp8_ds_mla records, "
@@ -598,27 +601,29 @@ def _pool_geometry(
                 f"page stride that is a multiple of 8 B, got stride "
                 f"{pool.stride(0)} B"
             )
-        return pool, True, page_size, pool.stride(0), _VALUE_BYTES
+        return True, page_size, pool.stride(0), _VALUE_BYTES
     if pool.dtype != torch.bfloat16 or pool.shape[-1] != _HEAD_DIM:
         raise ValueError(
             f"{name} must be a packed uint8 pool (width {_RECORD_BYTES}) or a "
             f"BF16 pool (width {_HEAD_DIM}), got {pool.dtype} width {pool.shape[-1]}"
         )
-    return pool, False, page_size, pool.stride(0), pool.stride(page_dim)
+    return False, page_size, pool.stride(0), pool.stride(page_dim)
 
 
-def _indices_2d(indices: torch.Tensor, num_tokens: int, name: str) -> torch.Tensor:
+def _index_geometry(
+    indices: torch.Tensor, num_tokens: int, name: str
+) -> tuple[int, int, int]:
+    """(token stride, entry stride, width) of ``[tokens, 1, k]`` or
+    ``[tokens, k]`` slot ids, read in place."""
     if indices.dtype != torch.int32:
         raise ValueError(f"{name} must be int32, got {indices.dtype}")
-    if indices.ndim == 3:
-        if indices.shape[1] != 1:
-            raise ValueError(f"{name} must be [tokens, 1, k], got {indices.shape}")
-        indices = indices[:, 0, :]
-    if indices.ndim != 2 or indices.shape[0] != num_tokens:
+    if indices.ndim == 3 and indices.shape[1] != 1:
+        raise ValueError(f"{name} must be [tokens, 1, k], got {indices.shape}")
+    if indices.ndim not in (2, 3) or indices.shape[0] != num_tokens:
         raise ValueError(
             f"{name} must be [{num_tokens}, 1, k], got {tuple(indices.shape)}"
         )
-    return indices
+    return indices.stride(0), indices.stride(-1), indices.shape[-1]
 
 
 def _tile_shared_bytes(block_h: int, block_n: int) -> int:
@@ -719,8 +724,8 @@ def _even_splits(num_chunks: int, num_splits: int) -> tuple[int, int]:
     """(splits, chunks per split) that run for ``num_splits`` asked: every
     split gets the same number of chunks, so none is left with an empty range
     by the rounding (20 chunks over 16 splits run as 10 splits of 2)."""
-    chunks_per_split = triton.cdiv(num_chunks, max(1, min(num_splits, num_chunks)))
-    return triton.cdiv(num_chunks, chunks_per_split), chunks_per_split
+    chunks_per_split = _cdiv(num_chunks, max(1, min(num_splits, num_chunks)))
+    return _cdiv(num_chunks, chunks_per_split), chunks_per_split
 
 
 def _programs_per_sm(block_h: int, num_warps: int) -> int:
@@ -732,19 +737,71 @@ def _programs_per_sm(block_h: int, num_warps: int) -> int:
     return 2 if block_h <= 16 and num_warps <= 4 else 1
 
 
-def _launch(
+def _cdiv(a: int, b: int) -> int:
+    # Host arithmetic in plain Python: triton.cdiv is a JIT function, and
+    # calling one from Python costs microseconds.
+    return -(-a // b)
+
+
+# Partial results of the split path live in one buffer per device, made
+# with the first plan there (vLLM's profiling run, before any CUDA graph is
+# captured) so that no call allocates. A split plan has at most
+# programs-per-SM x SMs programs of up to 64 (token, head) rows each (the
+# splits are cut only while the grid leaves SMs idle), so 64 rows per SM
+# bound it: 17 MB on a 132-SM H200. Calls on one device share it, which is
+# safe while they are ordered on one stream, as a model's layers are.
+_WORKSPACE_ROWS_PER_SM = 64
+_workspaces: dict[torch.device, torch.Tensor] = {}
+
+
+def _workspace(device: torch.device, rows: int) -> torch.Tensor:
+    """The device's partial-result buffer, float32, for at least ``rows``
+    (token, head, split) rows of 512 values and one log-sum-exp each."""
+    workspace = _workspaces.get(device)
+    if workspace is None or workspace.numel() < rows * (_HEAD_DIM + 1):
+        index = device.index if device.index is not None else 0
+        rows = max(rows, _WORKSPACE_ROWS_PER_SM * _num_sms(index))
+        workspace = torch.empty(
+            rows * (_HEAD_DIM + 1), dtype=torch.float32, device=device
+        )
+        _workspaces[device] = workspace
+    return workspace
+
+
+@dataclass(frozen=True)
+class _LaunchPlan:
+    """What a call derives from its tensors' geometry alone: the launch
+    grids, the scalar arguments that are not tensors, the compile-time
+    constants and views of the partial-result buffer. One is made per
+    geometry, so within a step only the first layer's call plans."""
+
+    grid: tuple[int, int]
+    q_strides: tuple[int, int]
+    out_strides: tuple[int, int]
+    num_heads: int
+    swa: tuple[int, ...]  # page size, page stride, token stride
+    swa_index: tuple[int, int, int]  # token stride, entry stride, width
+    cmp: tuple[int, ...]
+    cmp_index: tuple[int, int, int]
+    chunks_per_split: int
+    num_splits: int
+    part_out: torch.Tensor | None
+    part_lse: torch.Tensor | None
+    constants: dict
+    combine_grid: tuple[int, int, int] | None
+    combine_constants: dict
+
+
+def _plan(
     query: torch.Tensor,
     swa_kv_cache: torch.Tensor,
     sparse_indices: torch.Tensor,
-    swa_topk_lens: torch.Tensor,
     out: torch.Tensor,
-    sm_scale: float,
     sinks: torch.Tensor | None,
     compressed_kv_cache: torch.Tensor | None,
     extra_sparse_indices: torch.Tensor | None,
     extra_sparse_topk_lens: torch.Tensor | None,
     kv_layout: str,
-    *,
     block_n: int | None = None,
     block_h: int | None = None,
     num_splits: int | None = None,
@@ -752,7 +809,8 @@ def _launch(
     num_stages: int = 1,
     dv_splits: int | None = None,
     bit_dequant: bool | None = None,
-) -> torch.Tensor:
+) -> _LaunchPlan | None:
+    """Check the arguments' geometry and plan the launch (None: no tokens)."""
     if query.ndim != 3 or query.shape[-1] != _HEAD_DIM:
         raise ValueError(f"query must be [tokens, heads, 512], got {query.shape}")
     if query.dtype != torch.bfloat16:
@@ -776,32 +834,29 @@ def _launch(
     ):
         raise ValueError(f"sinks must be float32 of shape ({num_heads},)")
     if num_tokens == 0:
-        return out
+        return None
 
-    swa_pool, swa_fp8, swa_ps, swa_pstride, swa_tstride = _pool_geometry(
-        swa_kv_cache, kv_layout, "swa_kv_cache"
-    )
-    swa_idx = _indices_2d(sparse_indices, num_tokens, "sparse_indices")
-    swa_cap = swa_idx.shape[1]
+    swa_fp8, *swa = _pool_geometry(swa_kv_cache, kv_layout, "swa_kv_cache")
+    swa_index = _index_geometry(sparse_indices, num_tokens, "sparse_indices")
+    swa_cap = swa_index[2]
     if has_cmp:
         assert compressed_kv_cache is not None and extra_sparse_indices is not None
-        cmp_pool, cmp_fp8, cmp_ps, cmp_pstride, cmp_tstride = _pool_geometry(
+        cmp_fp8, *cmp = _pool_geometry(
             compressed_kv_cache, kv_layout, "compressed_kv_cache"
         )
-        cmp_idx = _indices_2d(extra_sparse_indices, num_tokens, "extra_sparse_indices")
-        cmp_lens = extra_sparse_topk_lens
-        cmp_cap = cmp_idx.shape[1]
+        cmp_index = _index_geometry(
+            extra_sparse_indices, num_tokens, "extra_sparse_indices"
+        )
     else:
         # Never dereferenced: HAS_CMP is a compile-time False.
-        cmp_pool, cmp_fp8, cmp_ps, cmp_pstride, cmp_tstride = swa_pool, False, 1, 0, 0
-        cmp_idx, cmp_lens, cmp_cap = swa_idx, swa_topk_lens, 0
+        cmp_fp8, cmp, cmp_index = False, [1, 0, 0], (0, 0, 0)
+    cmp_cap = cmp_index[2]
 
     # Record handling per segment: 0 BF16 rows, 1 FP8 through Triton's cast,
     # 2 FP8 through the bit-level dequantisation (``_dequant``).
     fp8_rec = 2 if bit_dequant is None or bit_dequant else 1
-    swa_rec = fp8_rec if swa_fp8 else 0
-    cmp_rec = fp8_rec if cmp_fp8 else 0
-    device_index = query.device.index if query.device.index is not None else 0
+    device = query.device
+    device_index = device.index if device.index is not None else 0
     default_bh, default_warps, default_bn, default_dv = _default_tile(
         num_tokens,
         num_heads,
@@ -812,94 +867,200 @@ def _launch(
     num_warps = num_warps or default_warps
     block_n = block_n or default_bn
     dv_splits = dv_splits or default_dv
-    num_chunks = max(triton.cdiv(swa_cap, block_n) + triton.cdiv(cmp_cap, block_n), 1)
     if dv_splits not in (1, 2):
         raise ValueError(f"dv_splits must be 1 or 2, got {dv_splits}")
-    base = num_tokens * triton.cdiv(num_heads, block_h) * dv_splits
+    num_chunks = max(_cdiv(swa_cap, block_n) + _cdiv(cmp_cap, block_n), 1)
+    base = num_tokens * _cdiv(num_heads, block_h) * dv_splits
     num_splits = num_splits or _default_splits(
-        base, num_chunks, query.device, _programs_per_sm(block_h, num_warps)
+        base, num_chunks, device, _programs_per_sm(block_h, num_warps)
     )
     num_splits, chunks_per_split = _even_splits(num_chunks, num_splits)
 
-    split = num_splits > 1
-    if split:
-        part_out = torch.empty(
-            (num_tokens, num_heads, num_splits, _HEAD_DIM),
-            dtype=torch.float32,
-            device=query.device,
+    # Made here even for a plan that does not split, so that the first call
+    # on a device (the profiling run's) makes it.
+    rows = num_tokens * num_heads * num_splits
+    workspace = _workspace(device, rows if num_splits > 1 else 0)
+    part_out = part_lse = None
+    combine_grid, combine_constants = None, {}
+    if num_splits > 1:
+        part_out = workspace[: rows * _HEAD_DIM].view(
+            num_tokens, num_heads, num_splits, _HEAD_DIM
         )
-        part_lse = torch.empty(
-            (num_tokens, num_heads, num_splits),
-            dtype=torch.float32,
-            device=query.device,
+        part_lse = workspace[rows * _HEAD_DIM : rows * (_HEAD_DIM + 1)].view(
+            num_tokens, num_heads, num_splits
         )
-    else:
-        part_out = part_lse = out  # unused placeholders
-    has_sinks = sinks is not None
-    sinks_arg = sinks if has_sinks else query
-
-    grid = (base, num_splits)
-    _sparse_mla_fwd_kernel[grid](
-        query,
-        query.stride(0),
-        query.stride(1),
-        out,
-        out.stride(0),
-        out.stride(1),
-        part_out,
-        part_lse,
-        sinks_arg,
-        num_heads,
-        float(sm_scale) * _LOG2E,
-        swa_pool,
-        swa_ps,
-        swa_pstride,
-        swa_tstride,
-        swa_idx,
-        swa_idx.stride(0),
-        swa_idx.stride(1),
-        swa_topk_lens,
-        swa_cap,
-        cmp_pool,
-        cmp_ps,
-        cmp_pstride,
-        cmp_tstride,
-        cmp_idx,
-        cmp_idx.stride(0),
-        cmp_idx.stride(1),
-        cmp_lens,
-        cmp_cap,
-        chunks_per_split,
-        num_splits,
-        SWA_REC=swa_rec,
-        HAS_CMP=has_cmp,
-        CMP_REC=cmp_rec,
-        HAS_SINKS=has_sinks,
-        SPLIT=split,
-        BLOCK_H=block_h,
-        BLOCK_N=block_n,
-        DV_SPLITS=dv_splits,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
-    if split:
-        rows = num_tokens * num_heads
         sms = _num_sms(device_index)
-        combine_bd = 128 if rows < sms else 256 if rows < 2 * sms else 512
-        splits_pow2 = triton.next_power_of_2(num_splits)
-        _sparse_mla_combine_kernel[(num_tokens, num_heads, _HEAD_DIM // combine_bd)](
-            part_out,
-            part_lse,
-            out,
-            out.stride(0),
-            out.stride(1),
-            sinks_arg,
-            num_heads,
-            num_splits,
-            HAS_SINKS=has_sinks,
+        combine_bd = (
+            128
+            if num_tokens * num_heads < sms
+            else 256
+            if num_tokens * num_heads < 2 * sms
+            else 512
+        )
+        splits_pow2 = 1 << (num_splits - 1).bit_length()
+        combine_grid = (num_tokens, num_heads, _HEAD_DIM // combine_bd)
+        combine_constants = dict(
+            HAS_SINKS=sinks is not None,
             SPLITS_POW2=splits_pow2,
             BLOCK_D=combine_bd,
             num_warps=8 if splits_pow2 * combine_bd >= 8192 else 4,
+        )
+    return _LaunchPlan(
+        grid=(base, num_splits),
+        q_strides=(query.stride(0), query.stride(1)),
+        out_strides=(out.stride(0), out.stride(1)),
+        num_heads=num_heads,
+        swa=tuple(swa),
+        swa_index=swa_index,
+        cmp=tuple(cmp),
+        cmp_index=cmp_index,
+        chunks_per_split=chunks_per_split,
+        num_splits=num_splits,
+        part_out=part_out,
+        part_lse=part_lse,
+        constants=dict(
+            SWA_REC=fp8_rec if swa_fp8 else 0,
+            HAS_CMP=has_cmp,
+            CMP_REC=fp8_rec if cmp_fp8 else 0,
+            HAS_SINKS=sinks is not None,
+            SPLIT=num_splits > 1,
+            BLOCK_H=block_h,
+            BLOCK_N=block_n,
+            DV_SPLITS=dv_splits,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        ),
+        combine_grid=combine_grid,
+        combine_constants=combine_constants,
+    )
+
+
+# Plans by the geometry of a call's tensors. A model has a few geometries
+# per token count (one per kind of layer); the bound only keeps a process
+# that sees many shapes (tests, benchmarks) from growing without end.
+_MAX_PLANS = 4096
+_plans: dict[tuple, _LaunchPlan | None] = {}
+
+
+def _launch(
+    query: torch.Tensor,
+    swa_kv_cache: torch.Tensor,
+    sparse_indices: torch.Tensor,
+    swa_topk_lens: torch.Tensor,
+    out: torch.Tensor,
+    sm_scale: float,
+    sinks: torch.Tensor | None,
+    compressed_kv_cache: torch.Tensor | None,
+    extra_sparse_indices: torch.Tensor | None,
+    extra_sparse_topk_lens: torch.Tensor | None,
+    kv_layout: str,
+    **config,
+) -> torch.Tensor:
+    """Run the kernels. ``config`` overrides the planned tile (block_n,
+    block_h, num_splits, num_warps, num_stages, dv_splits, bit_dequant), for
+    tests and benchmarks. A geometry seen before costs a dictionary lookup:
+    no checks, no allocation, no tensor operation before the launches."""
+    cmp_pool = compressed_kv_cache
+    key = (
+        query.shape,
+        query.stride(),
+        query.dtype,
+        query.device,
+        out.shape,
+        out.stride(),
+        out.dtype,
+        swa_kv_cache.shape,
+        swa_kv_cache.stride(),
+        swa_kv_cache.dtype,
+        swa_kv_cache.data_ptr() & 7,
+        sparse_indices.shape,
+        sparse_indices.stride(),
+        sparse_indices.dtype,
+        None if sinks is None else (sinks.shape, sinks.dtype),
+        None
+        if cmp_pool is None
+        else (
+            cmp_pool.shape,
+            cmp_pool.stride(),
+            cmp_pool.dtype,
+            cmp_pool.data_ptr() & 7,
+        ),
+        None
+        if extra_sparse_indices is None
+        else (
+            extra_sparse_indices.shape,
+            extra_sparse_indices.stride(),
+            extra_sparse_indices.dtype,
+        ),
+        extra_sparse_topk_lens is None,
+        kv_layout,
+        tuple(sorted(config.items())) if config else None,
+    )
+    try:
+        plan = _plans[key]
+    except KeyError:
+        plan = _plan(
+            query,
+            swa_kv_cache,
+            sparse_indices,
+            out,
+            sinks,
+            compressed_kv_cache,
+            extra_sparse_indices,
+            extra_sparse_topk_lens,
+            kv_layout,
+            **config,
+        )
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
+    if plan is None:
+        return out
+    if extra_sparse_indices is None:
+        cmp_pool, extra_sparse_indices = swa_kv_cache, sparse_indices
+        extra_sparse_topk_lens = swa_topk_lens
+    sinks_arg = query if sinks is None else sinks
+    part_out = out if plan.part_out is None else plan.part_out
+    part_lse = out if plan.part_lse is None else plan.part_lse
+    swa_index, cmp_index = plan.swa_index, plan.cmp_index
+    _sparse_mla_fwd_kernel[plan.grid](
+        query,
+        *plan.q_strides,
+        out,
+        *plan.out_strides,
+        part_out,
+        part_lse,
+        sinks_arg,
+        plan.num_heads,
+        float(sm_scale) * _LOG2E,
+        swa_kv_cache,
+        *plan.swa,
+        sparse_indices,
+        swa_index[0],
+        swa_index[1],
+        swa_topk_lens,
+        swa_index[2],
+        cmp_pool,
+        *plan.cmp,
+        extra_sparse_indices,
+        cmp_index[0],
+        cmp_index[1],
+        extra_sparse_topk_lens,
+        cmp_index[2],
+        plan.chunks_per_split,
+        plan.num_splits,
+        **plan.constants,
+    )
+    if plan.combine_grid is not None:
+        _sparse_mla_combine_kernel[plan.combine_grid](
+            part_out,
+            part_lse,
+            out,
+            *plan.out_strides,
+            sinks_arg,
+            plan.num_heads,
+            plan.num_splits,
+            **plan.combine_constants,
         )
     return out
 
