@@ -965,7 +965,7 @@ def _launch(
         query.shape,
         query.stride(),
         query.dtype,
-        query.device,
+        query.get_device(),
         out.shape,
         out.stride(),
         out.dtype,
