@@ -347,10 +347,21 @@ def _sweep_configs(tokens: int, heads: int) -> list[dict]:
     block_n, dv_splits) tiles that compile for sm_90 with no or few register
     spills, times candidate splits around the launcher's default."""
     if heads <= 16:
-        tiles = [(16, 4, 32, 1), (16, 4, 16, 1)]
+        # 8 warps: half the accumulator and row registers per thread, so
+        # more warps per SM hide the gather's latency.
+        tiles = [(16, 4, 32, 1), (16, 4, 16, 1), (16, 8, 32, 1), (16, 8, 64, 1)]
         # A 4-warp program leaves most of an SM idle: cut the candidates
         # even when the tokens alone fill the machine.
-        splits = {8: (16, 20, 40), 32: (4, 8, 16), 128: (1, 2, 4), 256: (1, 2)}
+        splits = {
+            1: (10, 20),
+            8: (8, 16, 20),
+            32: (4, 8, 16),
+            128: (1, 2, 4),
+            256: (1, 2),
+        }
+    elif heads <= 32:
+        tiles = [(32, 8, 32, 1), (32, 8, 64, 1), (16, 4, 32, 1), (16, 8, 32, 1)]
+        splits = {1: (10, 20), 8: (4, 8, 16), 32: (2, 4, 8), 128: (1, 2), 256: (1,)}
     elif tokens < 32:
         # Few tokens: narrower head blocks give more programs to spread each
         # token's candidates over (every block re-reads the rows, from L2).
