@@ -77,8 +77,15 @@ def make_pool(num_pages: int, g: torch.Generator) -> torch.Tensor:
     return buf.as_strided((num_pages, PAGE, 1, RECORD), (page_bytes, RECORD, RECORD, 1))
 
 
+# --dspark-swa-width: where vLLM's module cannot be imported (a bare host
+# with vLLM's Python files only), the width it gives, read elsewhere.
+_DSPARK_SWA_WIDTH: int | None = None
+
+
 def dspark_swa_width() -> int:
     """The SWA index width of DSpark's non-causal decode, from vLLM."""
+    if _DSPARK_SWA_WIDTH is not None:
+        return _DSPARK_SWA_WIDTH
     from vllm.v1.attention.backends.mla.compressor_utils import (
         get_dspark_swa_index_width,
     )
@@ -531,7 +538,7 @@ def _parse_points(text: str) -> list[tuple[int, int]]:
 
 
 def main() -> None:
-    global K
+    global K, _DSPARK_SWA_WIDTH
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--sweep", action="store_true", help="try launch configs")
@@ -540,6 +547,12 @@ def main() -> None:
     ap.add_argument("--prefill-heads", type=int, default=128)
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--no-dspark", action="store_true", help="skip the DSpark rows")
+    ap.add_argument(
+        "--dspark-swa-width",
+        type=int,
+        default=None,
+        help="get_dspark_swa_index_width(128, 5), where vLLM cannot be imported",
+    )
     ap.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
     ap.add_argument(
         "--flashmla-module",
@@ -568,6 +581,7 @@ def main() -> None:
         help="force the FP8 dequantisation path (on: bit-level, off: cast)",
     )
     args = ap.parse_args()
+    _DSPARK_SWA_WIDTH = args.dspark_swa_width
     if args.kernel:
         K = _load_kernel(args.kernel)
     peer, peer_version = _load_peer(args.flashmla_module)
@@ -585,6 +599,7 @@ def main() -> None:
         command=" ".join([os.path.basename(sys.executable)] + sys.argv),
         kernel=args.kernel or K.__name__,
         flashmla=peer_version,
+        dspark_swa_width_given=args.dspark_swa_width,
     )
     os.makedirs(args.out_dir, exist_ok=True)
     result: dict = dict(meta=meta)
@@ -622,7 +637,7 @@ def main() -> None:
             ),
             flush=True,
         )
-    dspark = [] if args.no_dspark or args.points else DSPARK_REQUESTS
+    dspark = [] if args.no_dspark else DSPARK_REQUESTS
     for requests in dspark:
         for heads in DSPARK_HEADS:
             tokens = requests * DSPARK_QUERY_TOKENS
