@@ -4,7 +4,7 @@
 
 ``python -m build --wheel`` too, byte for byte what the main job builds
 (tools/fork/build_wheel.py; nothing is compiled). The base is
-``VLLM_FORK_BASE`` or the config setting ``base`` (``--config-settings base=0.33.0``).
+``VLLM_FORK_BASE`` or the config setting ``base`` (``--config-settings base=0.34.0``).
 """
 
 import sys

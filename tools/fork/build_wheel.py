@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Build the fork wheel: the pinned upstream vLLM wheel, edited in place.
 
-    python3 tools/fork/build_wheel.py [--out dist] [--base 0.33.0]
+    python3 tools/fork/build_wheel.py [--out dist] [--base 0.34.0]
 
 Upstream entries the edits leave alone, compiled parts included, are copied as
 stored; the edited files, new modules and the fork's own packages are added,
@@ -27,7 +27,7 @@ from typing import BinaryIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.fork import common  # noqa: E402
+from tools.fork import common, name_check  # noqa: E402
 from tools.fork.common import REPO, load_pin, log  # noqa: E402
 from tools.fork.edit_engine import apply_edits  # noqa: E402
 from tools.fork.edits import EDITS  # noqa: E402
@@ -63,7 +63,29 @@ def edited_upstream_files(wheel: Path) -> dict[str, bytes]:
                 raise SystemExit(f"{path}: not in {wheel.name}; the edit list names it")
             return src.read(path).decode()
 
-        edited = apply_edits(read, EDITS, load_pin().VLLM_VERSION)
+        base = load_pin().VLLM_VERSION
+        edited = apply_edits(read, EDITS, base)
+        new = {
+            str(p): (REPO / p).read_text()
+            for p in [*common.new_module_files(), *common.fork_package_files()]
+            if p.suffix == ".py"
+        }
+
+        def module_text(module: str) -> str | None:
+            """The module's source; ``pkg.__init__`` only for a package."""
+            stem = module.replace(".", "/")
+            paths = [f"{stem}.py"]
+            if not stem.endswith("/__init__"):
+                paths.append(f"{stem}/__init__.py")
+            for path in paths:
+                for files in (edited, new):
+                    if path in files:
+                        return files[path]
+                if path in names:
+                    return src.read(path).decode()
+            return None
+
+        name_check.check(edited, read, new, module_text, base)
     return {path: text.encode() for path, text in edited.items()}
 
 
@@ -179,6 +201,7 @@ def _write(source: Path, tmp: Path) -> None:
             if name.endswith("/METADATA"):
                 line = b"Version: " + version.encode()
                 data = re.sub(rb"(?m)^Version: .*$", line, data, count=1)
+                data = common.fork_metadata(data.decode()).encode()
             if name.endswith("/top_level.txt"):  # upstream's and the fork's own
                 top = data.decode().split()
                 top += [p.name for p in common.FORK_PACKAGES if p.name not in top]

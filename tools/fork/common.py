@@ -11,6 +11,7 @@ import runpy
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -153,16 +154,62 @@ def provision_venv(
     if not (python := venv_python(venv)).exists():
         run(sys.executable, "-m", "venv", venv)
     # No download cache: beside the venvs it would double the disk that the
-    # CUDA wheels of vLLM 0.33's requirements take.
+    # CUDA wheels of vLLM 0.34's requirements take.
     env = {**os.environ, "PIP_PROGRESS_BAR": "off", "PIP_NO_CACHE_DIR": "1"}
     torch = f"torch=={pin.TORCH_VERSION}"
     run_pip(python, "install", "-q", torch, env=env)
+    flashinfer = f"flashinfer-python=={pin.FLASHINFER_VERSION}"
+    requirements: tuple[str | Path, ...] = (vllm_requirement,)
+    if str(vllm_requirement).endswith(".whl") and (
+        pinned := upstream_requirements(Path(vllm_requirement))
+    ):
+        # Upstream's FlashInfer pin is not published: install vLLM alone and
+        # its requirements with the pin's FlashInfer in place of upstream's.
+        run_pip(python, "install", "-q", "--no-deps", vllm_requirement, env=env)
+        requirements = tuple(pinned)
     run_pip(
-        python, "install", "-q", vllm_requirement,
-        f"flashinfer-python=={pin.FLASHINFER_VERSION}", torch, *extra_args, env=env,
-    )  # fmt: skip
+        python, "install", "-q", *requirements, flashinfer, torch, *extra_args, env=env
+    )
     # What vLLM pulls in that breaks beside that torch.
     run_pip(python, "uninstall", "-q", "-y", *pin.INCOMPATIBLE_PACKAGES, env=env)
+
+
+def wheel_metadata(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = (n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        return zf.read(name).decode()
+
+
+def fork_metadata(metadata: str) -> str:
+    """``metadata`` requiring the pin's FlashInfer where upstream names one
+    the package index does not publish."""
+    pin = load_pin()
+    upstream = getattr(pin, "UPSTREAM_FLASHINFER_VERSION", None)
+    if upstream is None:
+        return metadata
+    old = f"Requires-Dist: flashinfer-python=={upstream}\n"
+    if old not in metadata:
+        raise SystemExit(
+            f"vLLM {pin.VLLM_VERSION}'s metadata no longer requires "
+            f"flashinfer-python=={upstream}; update {PIN_FILE.relative_to(REPO)}."
+        )
+    return metadata.replace(
+        old, f"Requires-Dist: flashinfer-python=={pin.FLASHINFER_VERSION}\n"
+    )
+
+
+def upstream_requirements(wheel: Path) -> list[str]:
+    """The requirements of ``wheel`` without extras, with the pin's FlashInfer,
+    when they differ from the wheel's own (else empty)."""
+    metadata = wheel_metadata(wheel)
+    if (fixed := fork_metadata(metadata)) == metadata:
+        return []
+    prefix = "Requires-Dist: "
+    return [
+        line[len(prefix) :]
+        for line in fixed.splitlines()
+        if line.startswith(prefix) and "extra ==" not in line
+    ]
 
 
 def new_module_files(roots: tuple[Path, ...] = (NEW_MODULES,)) -> list[Path]:

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Make the dev venv: the pinned vLLM, edited in place, the new modules live.
 
-    python3 tools/fork/dev_env.py [--base 0.33.0]
+    python3 tools/fork/dev_env.py [--base 0.34.0]
 
 The default base gets ``.venv``, another ``.venv-<version>``. A venv matching
 the pin and dev requirements is reused, only its edited files rewritten, so a

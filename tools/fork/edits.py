@@ -135,7 +135,11 @@ EDITS: tuple[Edit, ...] = (
         """,
         PAGES,
         "the indexer's kernel pages hold the states DeepGEMM reads, per ratio",
-        anchor="return [64 if current_platform.is_device_capability_family(90)",
+        # Before upstream's own answers, so none of them runs first.
+        anchor={
+            "0.30.0": "return [64 if current_platform.is_device_capability_family(90)",
+            "0.34.0": "if current_platform.is_device_capability_family(120):",
+        },
     ),
     Edit(
         INDEXER,
@@ -209,7 +213,10 @@ EDITS: tuple[Edit, ...] = (
         """,
         PAGES,
         "kernel page sizes come from the page policy",
-        anchor="return [128]",
+        anchor={
+            "0.30.0": "return [128]",
+            "0.34.0": "if current_platform.is_device_capability_family(120):",
+        },
     ),
     Edit(
         FLASHINFER,
@@ -336,7 +343,9 @@ EDITS: tuple[Edit, ...] = (
         @classmethod
         def paged_backends(cls) -> sparse_mla_pages.PagedBackends:
             return sparse_mla_pages.PagedBackends(
-                cls, DeepseekV41IndexerBackend, _SPARSE_MLA_SUPPORTED_Q_HEADS
+                cls,
+                DeepseekV41IndexerBackend,
+                DeepseekV4FlashInferSM120Attention.get_padded_num_q_heads,
             )
 
         @classmethod

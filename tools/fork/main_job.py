@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The main job: build the wheels and the patch series, install and check them.
 
-    python3 tools/fork/main_job.py [--base 0.30.0] [--base 0.33.0]
+    python3 tools/fork/main_job.py [--base 0.30.0] [--base 0.34.0]
 
 For every base in the pin (or the ones named) it writes the wheels to
 ``dist/`` and the patch series to ``dist/patches/vllm-<version>/``. The smoke

@@ -4,7 +4,7 @@
 
 The patches apply to a pristine vLLM tree taken from the pinned wheel.
 
-    python3 tools/fork/patch_series.py [--out DIR] [--base 0.33.0]
+    python3 tools/fork/patch_series.py [--out DIR] [--base 0.34.0]
 
 Each patch adds its concern's edits (tools/fork/edits.py) and files
 (tools/fork/series.toml) on top of the previous one, to the pinned wheel's

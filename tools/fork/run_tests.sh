@@ -5,7 +5,7 @@
 # for the default, .venv-<version> for the others) and run pytest against it;
 # lint once, with the first base's tools.
 #   bash tools/fork/run_tests.sh [pytest args]
-# VLLM_FORK_BASES="0.33.0" limits the run to the bases named.
+# VLLM_FORK_BASES="0.34.0" limits the run to the bases named.
 # VLLM_FORK_DROP_VENVS=1 deletes each base's dev venv after its tests, so that
 # a machine with little disk holds one base's packages at a time (.ci/run).
 set -euo pipefail

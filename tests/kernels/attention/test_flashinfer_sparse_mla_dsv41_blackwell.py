@@ -274,7 +274,7 @@ def _kernel_world(
         for i in picks[t]:
             mask[t, num_swa + comp_base[r] + i] = True
 
-    padded = policy.pad_q_heads(case.heads, fi._SPARSE_MLA_SUPPORTED_Q_HEADS)
+    padded = fi.DeepseekV4FlashInferSM120Attention.get_padded_num_q_heads(case.heads)
     qdtype = torch.float8_e4m3fn if case.kv == "fp8" else torch.bfloat16
     q = torch.zeros(num_tokens, padded, D, dtype=qdtype)
     q[:, : case.heads] = torch.randn(num_tokens, case.heads, D, generator=gen).to(

@@ -19,9 +19,12 @@ from tests.v1.attention.dsv41.sm12x_pages import force_sm12x_pages
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
-    _SPARSE_MLA_SUPPORTED_Q_HEADS as Q_HEADS,
+    DeepseekV4FlashInferSM120Attention,
 )
 from vllm.platforms.interface import DeviceCapability
+
+# vLLM's own padding of a GPU's heads to a count the sparse-MLA kernels take.
+PAD_HEADS = DeepseekV4FlashInferSM120Attention.get_padded_num_q_heads
 
 MLA = fi.DeepseekV4FlashInferMLASparseBackend
 SWA120 = fi.DeepseekSparseSWAFlashInferSM120Backend
@@ -33,7 +36,7 @@ def _negotiate_fp8(capability, swa_topks, heads=64, envelope=None):
     """The plan for a model of ``heads`` heads per GPU on an FP8 cache."""
     return policy.negotiate(
         capability,
-        supported_heads=Q_HEADS,
+        pad_heads=PAD_HEADS,
         num_local_heads=heads,
         kv_cache_dtype="fp8",
         swa_topks=swa_topks,

@@ -11,10 +11,13 @@ from tests.models.deepseek_v41.layer_config import vllm_config_stand_in
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
-    _SPARSE_MLA_SUPPORTED_Q_HEADS as Q_HEADS,
+    DeepseekV4FlashInferSM120Attention,
 )
 from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
 from vllm.platforms.interface import DeviceCapability
+
+# vLLM's own padding of a GPU's heads to a count the sparse-MLA kernels take.
+PAD_HEADS = DeepseekV4FlashInferSM120Attention.get_padded_num_q_heads
 
 MLA = fi.DeepseekV4FlashInferMLASparseBackend
 SWA120 = fi.DeepseekSparseSWAFlashInferSM120Backend
@@ -31,7 +34,7 @@ def test_heads_pad_to_the_next_supported_count(total_heads, tp):
     expected = max(8, 1 << (local - 1).bit_length())  # next power of two >= 8
     geometry = policy.negotiate(
         SM120,
-        supported_heads=Q_HEADS,
+        pad_heads=PAD_HEADS,
         num_local_heads=local,
         kv_cache_dtype="fp8_ds_mla",
         swa_topks=[128],
@@ -45,14 +48,14 @@ def test_more_than_128_local_heads_are_refused(heads):
     with pytest.raises(policy.UnsupportedSparseMLAConfig) as e:
         policy.negotiate(
             SM100,
-            supported_heads=Q_HEADS,
+            pad_heads=PAD_HEADS,
             num_local_heads=heads,
             kv_cache_dtype="auto",
             swa_topks=[128],
         )
     message = str(e.value)
     assert str(heads) in message
-    assert "[8, 16, 32, 64, 128]" in message
+    assert "8, 16, 32, 64, 128" in message
     assert "--tensor-parallel-size" in message
 
 

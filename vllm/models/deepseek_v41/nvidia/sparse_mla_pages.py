@@ -17,7 +17,7 @@ import enum
 import functools
 import importlib.metadata
 import importlib.util
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -310,17 +310,16 @@ def _refuse(message: str) -> None:
     raise UnsupportedSparseMLAConfig(f"DeepSeek V4.1 on {BACKEND_NAME}: {message}")
 
 
-def pad_q_heads(num_local_heads: int, supported_heads: Sequence[int]) -> int:
-    """The head count of ``supported_heads`` the kernels run ``num_local_heads`` at."""
-    for heads in supported_heads:
-        if num_local_heads <= heads:
-            return heads
-    raise UnsupportedSparseMLAConfig(
-        f"{BACKEND_NAME} serves at most {supported_heads[-1]} attention heads "
-        f"per GPU, but this model has {num_local_heads} after tensor "
-        f"parallelism (kernels take {list(supported_heads)}). Increase "
-        "--tensor-parallel-size."
-    )
+def pad_q_heads(num_local_heads: int, pad_heads: Callable[[int], int]) -> int:
+    """The head count the kernels run ``num_local_heads`` at, as the layer's
+    ``pad_heads`` (its ``get_padded_num_q_heads``) answers."""
+    try:
+        return pad_heads(num_local_heads)
+    except ValueError as e:
+        raise UnsupportedSparseMLAConfig(
+            f"{BACKEND_NAME} cannot run {num_local_heads} attention heads per "
+            f"GPU after tensor parallelism: {e} Increase --tensor-parallel-size."
+        ) from None
 
 
 def check_kv_cache_dtype(capability: DeviceCapability, kv_cache_dtype: str) -> None:
@@ -351,7 +350,7 @@ def negotiate(
     capability: DeviceCapability,
     *,
     num_local_heads: int,
-    supported_heads: Sequence[int],
+    pad_heads: Callable[[int], int],
     kv_cache_dtype: str,
     swa_topks: Iterable[int],
     envelope: SM120Envelope | None = None,
@@ -362,7 +361,7 @@ def negotiate(
     check_kv_cache_dtype(capability, kv_cache_dtype)
     plan = dataclasses.replace(
         plan,
-        padded_heads=pad_q_heads(num_local_heads, supported_heads),
+        padded_heads=pad_q_heads(num_local_heads, pad_heads),
         swa_topks=tuple(sorted(set(swa_topks))),
         kv_cache_dtype=kv_cache_dtype,
     )
@@ -438,7 +437,7 @@ def negotiate_for_model(
     plan = negotiate(
         capability,
         num_local_heads=local_heads,
-        supported_heads=backends.supported_heads,
+        pad_heads=backends.pad_heads,
         kv_cache_dtype=kv_cache_dtype or "auto",
         swa_topks=swa_topks(
             hf_config.sliding_window, use_non_causal, num_speculative_tokens
@@ -454,11 +453,11 @@ def negotiate_for_model(
 class PagedBackends:
     """The backends whose kernel pages a ``--block-size`` must suit: the
     sparse-MLA backend (its compressed-KV kernels) and the indexer backend,
-    with the head counts the sparse-MLA kernels take."""
+    with the layer's padding of its heads to a count the kernels take."""
 
     attention: type[AttentionBackend]
     indexer: type[AttentionBackend]
-    supported_heads: Sequence[int]
+    pad_heads: Callable[[int], int]
 
 
 def _block_size_refusal(
@@ -484,6 +483,18 @@ def _block_size_refusal(
         return f"the attention kernels take pages of {sizes} tokens"
     if plan.fixed_page is not None:
         return None
+    # The two-segment layer's packed records put other layers' pages between
+    # a block's; a ratio-1 cache (one state a token) is then bound whole, so
+    # its kernels must take --block-size itself. SM10x's plain rows split.
+    try:
+        own_page = select_common_block_size(block_size, [backend])
+    except ValueError:
+        return f"no kernel page of the compressed KV caches divides {block_size}"
+    if plan.kernel is not SparseMLAKernel.TRTLLM_GEN and own_page != block_size:
+        return (
+            f"the ratio-1 compressed KV cache's packed {block_size}-token blocks "
+            f"cannot be split into the kernels' {own_page}-token pages"
+        )
     joined = [
         r for r in DSV41_COMPRESS_RATIOS if plan.indexer.block_size(r) == block_size
     ]

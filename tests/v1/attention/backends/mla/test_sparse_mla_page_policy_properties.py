@@ -12,9 +12,12 @@ from hypothesis import strategies as st
 
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
-    _SPARSE_MLA_SUPPORTED_Q_HEADS as Q_HEADS,
+    DeepseekV4FlashInferSM120Attention,
 )
 from vllm.platforms.interface import DeviceCapability
+
+# vLLM's own padding of a GPU's heads to a count the sparse-MLA kernels take.
+PAD_HEADS = DeepseekV4FlashInferSM120Attention.get_padded_num_q_heads
 
 # The kernels' head counts and what each layer kind reads, written out here
 # so that the property does not restate the policy's own tables.
@@ -73,7 +76,7 @@ def test_plan_is_served_or_refused(major, minor, heads, tp, dtype, topks, envelo
     try:
         geometry = policy.negotiate(
             capability,
-            supported_heads=Q_HEADS,
+            pad_heads=PAD_HEADS,
             num_local_heads=local,
             kv_cache_dtype=dtype,
             swa_topks=topks,

@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Start-up's check against what vLLM then does with DeepSeek V4.1 Flash's
+published layout: every configuration start-up accepts gets through vLLM's
+own KV-cache layout resolution, grouping, planning, allocation and the map
+to kernel blocks at binding, with pages each kernel reads; every one it
+refuses fails there (or gives a kernel a page it cannot read), and is
+refused with one message naming the --block-size values that work.
+
+The GPU is mocked at the platform boundary; the allocation is on the meta
+device, so binding runs its real stride checks without memory.
+"""
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.plan_report.start_up import layer_class, vllms_default_block_size
+from vllm.config import DeviceConfig, VllmConfig
+from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
+from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
+from vllm_dsv41_plan import report
+
+pytest.importorskip(
+    "vllm.v1.core.kv_cache_planning",
+    reason="the engine's planning entry points this test drives are vLLM's "
+    "from the release that split them out of kv_cache_utils",
+)
+
+LAYOUT = SimpleNamespace(
+    **json.loads((Path(__file__).parent / "configs" / "dsv41_flash_layout.json").read_text())
+)
+CAPABILITIES = [(9, 0), (10, 0), (12, 0), (12, 1)]
+BLOCK_SIZES = [None, 16, 32, 64, 128, 256]
+# Compressed states per indexer page DeepGEMM's paged MQA logits read (FP8
+# keys), by GPU family, as the host check of the DeepGEMM vLLM vendors reads
+# (strings of vllm/third_party/deep_gemm/_C*.so): written here, not asked.
+DEEPGEMM_STATES = {9: {32, 64}, 10: {32, 64, 128}, 12: {32, 64}}
+
+
+def _engine_config(block_size: int) -> VllmConfig:
+    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
+    config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    config.cache_config.block_size = block_size
+    config.cache_config.cache_dtype = "fp8_ds_mla"
+    object.__setattr__(
+        config,
+        "model_config",
+        # DeepSeek V4.1 declares no grouping of its own (no
+        # SupportsKVCacheGrouping): vLLM's default grouping runs.
+        SimpleNamespace(
+            original_max_model_len=8192,
+            max_model_len=8192,
+            supports_kv_cache_grouping=False,
+        ),
+    )
+    return config
+
+
+def _backend_of(name: str, layer_cls: type) -> type:
+    if name.endswith("swa_cache"):
+        return layer_cls.swa_backend_cls
+    if name.endswith("indexer.k_cache"):
+        return DeepseekV41IndexerBackend
+    return layer_cls.backend_cls
+
+
+def _bind(capability, tp: int, block_size: int | None) -> dict[str, tuple]:
+    """Run vLLM's KV-cache path for the layout; return, per bound cache, its
+    tokens per state and the states of one kernel page. Raises as vLLM does."""
+    from vllm.v1.attention.backends.utils import (
+        get_supported_kv_cache_layouts,
+        resolve_kv_cache_layout,
+    )
+    from vllm.v1.core.kv_cache_planning import (
+        get_global_kv_cache_groups,
+        get_kv_cache_configs,
+    )
+    from vllm.v1.worker.utils import (
+        AttentionGroup,
+        allocate_kv_cache,
+        map_kv_caches_to_kernel_blocks,
+        prepare_kernel_block_sizes,
+        select_common_block_size,
+    )
+
+    layer_cls = layer_class(capability)
+    plan = policy.plan_pages(capability)
+    size = block_size or vllms_default_block_size(capability)
+    config = _engine_config(size)
+    specs = report.cache_specs(plan, LAYOUT, "fp8", size)
+    backends = {name: _backend_of(name, layer_cls) for name in specs}
+    layout = resolve_kv_cache_layout(
+        config,
+        [[m.name for m in get_supported_kv_cache_layouts(set(backends.values()))]],
+        list(specs.values()),
+    )
+    groups = get_global_kv_cache_groups(config, [specs])
+    (kv_config,) = get_kv_cache_configs(config, [specs], [4 << 30], groups)
+    attn_groups = []
+    for gid, group in enumerate(kv_config.kv_cache_groups):
+        by_backend: dict[type, list[str]] = {}
+        for name in group.layer_names:
+            by_backend.setdefault(backends[name], []).append(name)
+        attn_groups.append(
+            [
+                AttentionGroup(b, names, specs[names[0]], gid)
+                for b, names in by_backend.items()
+            ]
+        )
+    kernel_block_sizes = prepare_kernel_block_sizes(kv_config, attn_groups)
+    # As AttentionGroup.create_metadata_builders narrows a group's kernel
+    # block to what its own backend takes (the builders need a GPU).
+    for gid, group_list in enumerate(attn_groups):
+        for group in group_list:
+            kernel = select_common_block_size(
+                kernel_block_sizes[gid], [group.backend], [group.kv_cache_spec]
+            )
+            if kernel != group.kv_cache_spec.block_size:
+                group.kernel_block_size = kernel
+    caches = allocate_kv_cache(
+        kv_config,
+        torch.device("meta"),
+        layout,
+        kernel_block_sizes,
+        allocate=lambda n: torch.empty(n, dtype=torch.int8, device="meta"),
+    )
+    bound = map_kv_caches_to_kernel_blocks(
+        caches, [g for group_list in attn_groups for g in group_list]
+    )
+    return {
+        name: (specs[name].tokens_per_state, tensor.shape[-2])
+        for name, tensor in bound.items()
+    }
+
+
+def _kernels_take(capability, plan, bound: dict[str, tuple]) -> list[str]:
+    """Pages no kernel of the layer reads: the indexer's against DeepGEMM's
+    rule; the SM120 kernels' against a FlashInfer built for one page."""
+    wrong = []
+    for name, (_, states) in bound.items():
+        if name.endswith("indexer.k_cache"):
+            if states not in DEEPGEMM_STATES[capability[0]]:
+                wrong.append(f"{name}: {states} states for DeepGEMM")
+        elif plan.fixed_page and plan.kernel is policy.SparseMLAKernel.FLASHINFER_SM120:
+            if states != plan.fixed_page:
+                wrong.append(f"{name}: {states} entries, kernel takes {plan.fixed_page}")
+    return wrong
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
+def test_start_up_refuses_exactly_what_vllm_cannot_serve(
+    set_capability, capability, tp, block_size
+):
+    capability = set_capability(*capability)
+    try:
+        plan = policy.negotiate_for_model(
+            capability,
+            LAYOUT,
+            fi.DeepseekV4FlashInferMLASparseBackend.paged_backends(),
+            tensor_parallel_size=tp,
+            kv_cache_dtype="fp8",
+            block_size=block_size,
+        )
+        refusal = None
+    except policy.UnsupportedSparseMLAConfig as e:
+        plan, refusal = policy.plan_pages(capability), str(e)
+
+    try:
+        bound = _bind(capability, tp, block_size)
+        failure = "; ".join(_kernels_take(capability, plan, bound)) or None
+    except (ValueError, NotImplementedError, AssertionError) as e:
+        failure = f"{type(e).__name__}: {e}"
+
+    if refusal is None:
+        assert failure is None, f"start-up accepted what fails later: {failure}"
+        return
+    assert failure is not None, f"start-up refused what vLLM serves: {refusal}"
+    assert refusal.count("\n") == 0
+    if block_size is not None:
+        named = re.search(r"Use one of \[([\d, ]*)\]", refusal)
+        assert named, refusal
+        for working in (int(s) for s in named[1].split(",") if s.strip()):
+            bound = _bind(capability, tp, working)
+            assert not _kernels_take(capability, plan, bound), working
