@@ -9,6 +9,7 @@ Flash pattern), whose layers vLLM wires to the sources the layout names."""
 import json
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,13 @@ REPO = Path(__file__).resolve().parents[2]
 WRITE = REPO / "benchmarks" / "dsv41_engine_checkpoint.py"
 LOAD = Path(__file__).with_name("load_engine_checkpoint.py")
 
-# The names are vLLM 0.30.0's (the base the engine run uses).
-pytestmark = pytest.mark.default_base_only
+# The tensor names and the CPU stand-in for an H200 are vLLM 0.30.0's (the
+# base the engine runs used); a later vLLM's model build reaches compiled
+# parts the stand-in does not provide.
+pytestmark = pytest.mark.skipif(
+    version("vllm").split("+")[0] != "0.30.0",
+    reason="the checkpoint loader's CPU stand-in is written for vLLM 0.30.0",
+)
 
 
 @pytest.fixture(scope="module")

@@ -251,7 +251,7 @@ MORE_REFUSALS = {
     ),
     "heads-over-128": (
         ["--capability", "12.0"],
-        "at most 128 attention heads",
+        "cannot run 256 attention heads per GPU",
         _with(num_attention_heads=256),
     ),
     "bf16-on-sm120": (

@@ -32,9 +32,7 @@ def test_the_real_build_passes(upstream_wheel_path):
     assert FI in edited
 
 
-def test_an_undefined_name_in_an_edit_fails_the_build(
-    monkeypatch, upstream_wheel_path
-):
+def test_an_undefined_name_in_an_edit_fails_the_build(monkeypatch, upstream_wheel_path):
     edit = _planted(
         """
         @classmethod

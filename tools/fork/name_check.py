@@ -33,7 +33,10 @@ def _ruff() -> str:
     """The ruff of ``requirements/dev.txt``: installed, else fetched once."""
     pinned = re.search(r"(?m)^ruff==(\S+)", DEV_REQUIREMENTS.read_text())
     assert pinned, f"{DEV_REQUIREMENTS.name} pins no ruff"
-    for candidate in (Path(sys.executable).with_name("ruff"), RUFF_DIR / "bin" / "ruff"):
+    for candidate in (
+        Path(sys.executable).with_name("ruff"),
+        RUFF_DIR / "bin" / "ruff",
+    ):
         if candidate.is_file():
             return str(candidate)
     if found := shutil.which("ruff"):

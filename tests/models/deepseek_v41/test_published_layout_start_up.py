@@ -33,7 +33,9 @@ pytest.importorskip(
 )
 
 LAYOUT = SimpleNamespace(
-    **json.loads((Path(__file__).parent / "configs" / "dsv41_flash_layout.json").read_text())
+    **json.loads(
+        (Path(__file__).parent / "configs" / "dsv41_flash_layout.json").read_text()
+    )
 )
 CAPABILITIES = [(9, 0), (10, 0), (12, 0), (12, 1)]
 BLOCK_SIZES = [None, 16, 32, 64, 128, 256]
@@ -147,9 +149,12 @@ def _kernels_take(capability, plan, bound: dict[str, tuple]) -> list[str]:
         if name.endswith("indexer.k_cache"):
             if states not in DEEPGEMM_STATES[capability[0]]:
                 wrong.append(f"{name}: {states} states for DeepGEMM")
-        elif plan.fixed_page and plan.kernel is policy.SparseMLAKernel.FLASHINFER_SM120:
-            if states != plan.fixed_page:
-                wrong.append(f"{name}: {states} entries, kernel takes {plan.fixed_page}")
+        elif (
+            plan.fixed_page
+            and plan.kernel is policy.SparseMLAKernel.FLASHINFER_SM120
+            and states != plan.fixed_page
+        ):
+            wrong.append(f"{name}: {states} entries, kernel takes {plan.fixed_page}")
     return wrong
 
 

@@ -138,7 +138,11 @@ def test_an_unset_block_size_is_not_refused(set_capability, single_gpu):
 @pytest.mark.parametrize(
     "capability, config, match",
     [
-        ((12, 0), vllm_config_stand_in(heads=256), "at most 128 attention heads"),
+        (
+            (12, 0),
+            vllm_config_stand_in(heads=256),
+            "cannot run 256 attention heads per GPU",
+        ),
         (
             (12, 0),
             vllm_config_stand_in(cache_dtype="bfloat16"),

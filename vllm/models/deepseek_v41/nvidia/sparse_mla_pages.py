@@ -483,14 +483,22 @@ def _block_size_refusal(
         return f"the attention kernels take pages of {sizes} tokens"
     if plan.fixed_page is not None:
         return None
-    # The two-segment layer's packed records put other layers' pages between
-    # a block's; a ratio-1 cache (one state a token) is then bound whole, so
-    # its kernels must take --block-size itself. SM10x's plain rows split.
+    # Where the worker maps packed blocks to kernel pages at binding
+    # (AttentionGroup.map_kv_cache_to_kernel_blocks), the two-segment layer's
+    # packed records put other layers' pages between a block's, and a ratio-1
+    # cache (one state a token) cannot be split: its kernels must take
+    # --block-size itself. SM10x's plain rows split.
+    from vllm.v1.worker.utils import AttentionGroup
+
     try:
         own_page = select_common_block_size(block_size, [backend])
     except ValueError:
         return f"no kernel page of the compressed KV caches divides {block_size}"
-    if plan.kernel is not SparseMLAKernel.TRTLLM_GEN and own_page != block_size:
+    if (
+        hasattr(AttentionGroup, "map_kv_cache_to_kernel_blocks")
+        and plan.kernel is not SparseMLAKernel.TRTLLM_GEN
+        and own_page != block_size
+    ):
         return (
             f"the ratio-1 compressed KV cache's packed {block_size}-token blocks "
             f"cannot be split into the kernels' {own_page}-token pages"
