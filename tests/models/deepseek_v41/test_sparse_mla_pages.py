@@ -120,7 +120,8 @@ def test_installed_runtime_page_flashinfer_keeps_upstream_pages(capability):
     assert plan.kernel == policy.SparseMLAKernel.FLASHINFER_SM120
     assert plan.swa_block_size == 32  # upstream's page, which the kernels take
     assert plan.compressed_block_size(1) is None
-    assert plan.kernel_block_sizes() == []
+    # --block-size pages the compressed KV; its kernels run 64-token blocks.
+    assert plan.kernel_block_sizes() == [64]
 
 
 @runtime_pages
@@ -204,8 +205,10 @@ def test_backend_hooks_are_upstreams_where_kernels_take_any_page(
 ):
     """SM10x, and SM12x with a FlashInfer that takes the page at run time."""
     set_capability(*capability)
-    assert MLA.get_supported_kernel_block_sizes() == [128]
-    assert MLA.get_preferred_block_size(16) == 128
+    # FlashInfer's SM120 kernels run 64-token sparse-MLA blocks (#59203).
+    page = 128 if capability[0] == 10 else 64
+    assert MLA.get_supported_kernel_block_sizes() == [page]
+    assert MLA.get_preferred_block_size(16) == page
     assert MLA.get_compressed_block_size(1) is None
     assert SWA120.get_swa_block_size() == 32
     sizes = SWA120.get_supported_kernel_block_sizes()

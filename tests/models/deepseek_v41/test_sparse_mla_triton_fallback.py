@@ -161,7 +161,7 @@ def test_unserved_shape_negotiates_the_triton_kernel(set_capability, single_gpu)
 
 def test_served_shape_negotiates_flashinfer(set_capability, single_gpu):
     set_capability(12, 0)
-    geometry = MLA.negotiate(vllm_config_stand_in(cache_dtype="fp8"))
+    geometry = MLA.negotiate(vllm_config_stand_in(cache_dtype="fp8", block_size=64))
     assert geometry.kernel == policy.SparseMLAKernel.FLASHINFER_SM120
     assert geometry.note is None
     assert geometry.serves(64, 128)
@@ -173,7 +173,7 @@ def test_served_shape_negotiates_flashinfer(set_capability, single_gpu):
 def test_reported_missing_shape_runs_flashinfer(set_capability, single_gpu):
     """64 heads at top-k 1152 (no 0.6.18 kernel) is FlashInfer's from 0.7."""
     set_capability(12, 0)
-    config = vllm_config_stand_in(heads=64, cache_dtype="fp8")
+    config = vllm_config_stand_in(heads=64, cache_dtype="fp8", block_size=64)
     config.model_config.hf_config.sliding_window = 1152
     geometry = MLA.negotiate(config)
     assert geometry.kernel == policy.SparseMLAKernel.FLASHINFER_SM120

@@ -49,6 +49,9 @@ PACKED_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_ds_mla")
 TRITON_MIN_CAPABILITY = 89
 # --block-size values a refusal checks and names as the ones that work.
 BLOCK_SIZE_CHOICES = (16, 32, 64, 128, 256)
+# Compressed-KV kernel page of FlashInfer's SM120 kernels that take the page
+# size at run time.
+SM120_RUNTIME_KERNEL_PAGE = 64
 
 
 class SparseMLAKernel(enum.Enum):
@@ -232,6 +235,10 @@ class SparseMLAPlan:
         when the kernels take vLLM's pages as they are."""
         if self.fixed_page is not None:
             return [self.fixed_page * r for r in sorted(DSV41_COMPRESS_RATIOS)[::-1]]
+        if self.kernel is SparseMLAKernel.FLASHINFER_SM120:
+            # Pages of any size reach the kernels at run time, but their
+            # sparse-MLA blocks are 64 tokens (128 trips block_kv, #59203).
+            return [SM120_RUNTIME_KERNEL_PAGE]
         if self.kernel is SparseMLAKernel.TRITON:
             # The Triton kernel takes any page, but the compressed caches share
             # their page groups with the indexer K caches: offer the pages
