@@ -24,6 +24,14 @@ import pytest
 from tests.v1.attention.dsv41 import many_step_decode as msd
 from tests.v1.attention.dsv41.many_step_decode import PLANS, check
 
+# The driver steps vLLM's BlockTable of the v1 worker; a vLLM whose block
+# tables moved to the GPU model runner (BlockTables) is not driven yet.
+pytest.importorskip(
+    "vllm.v1.worker.block_table",
+    reason="the many-step driver uses vllm.v1.worker.block_table.BlockTable, "
+    "which this vLLM replaced with v1/worker/gpu/block_table.BlockTables",
+)
+
 REPO = Path(__file__).resolve().parents[4]
 # The reference is exact up to its BF16 output (unit roundoff 2^-8).
 CPU_TOLERANCE = 2**-8 + 1e-4
