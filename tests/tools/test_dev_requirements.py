@@ -24,10 +24,6 @@ def test_dev_venv_holds_the_pins_and_vllms_requirements():
             continue
         if canonicalize_name(requirement.name) in removed:
             continue
-        if requirement.name == "flashinfer-python" and hasattr(
-            pin, "UPSTREAM_FLASHINFER_VERSION"
-        ):
-            continue  # the pin's FlashInfer replaces an unpublished one
         try:
             version = importlib.metadata.version(requirement.name)
         except importlib.metadata.PackageNotFoundError:

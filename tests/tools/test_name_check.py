@@ -4,6 +4,7 @@
 lacks, with file and name, before any wheel is written."""
 
 import dataclasses
+import textwrap
 
 import pytest
 
@@ -15,16 +16,16 @@ FI = "vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py"
 BACKEND = "DeepseekV4FlashInferMLASparseBackend"
 
 
-def _build_with(monkeypatch, upstream_wheel_path, extra_edit):
-    monkeypatch.setattr(build_wheel, "EDITS", (*EDITS, extra_edit))
-    return build_wheel.edited_upstream_files(upstream_wheel_path)
-
-
-def _planted(text: str):
-    return dataclasses.replace(
-        next(e for e in EDITS if e.action == ADD_TO_CLASS and e.scope == BACKEND),
-        text=text,
-    )
+def _planted_build_error(monkeypatch, upstream_wheel_path, body: str) -> str:
+    """The build's error with a method of ``body`` planted in an edit of the
+    FlashInfer backend."""
+    host = next(e for e in EDITS if e.action == ADD_TO_CLASS and e.scope == BACKEND)
+    method = "@classmethod\ndef planted(cls) -> int:\n" + textwrap.indent(body, "    ")
+    planted = dataclasses.replace(host, text=method)
+    monkeypatch.setattr(build_wheel, "EDITS", (*EDITS, planted))
+    with pytest.raises(name_check.NameCheckError) as info:
+        build_wheel.edited_upstream_files(upstream_wheel_path)
+    return str(info.value)
 
 
 def test_the_real_build_passes(upstream_wheel_path):
@@ -33,16 +34,8 @@ def test_the_real_build_passes(upstream_wheel_path):
 
 
 def test_an_undefined_name_in_an_edit_fails_the_build(monkeypatch, upstream_wheel_path):
-    edit = _planted(
-        """
-        @classmethod
-        def planted(cls) -> int:
-            return _NAME_UPSTREAM_NEVER_HAD
-        """
-    )
-    with pytest.raises(name_check.NameCheckError) as info:
-        _build_with(monkeypatch, upstream_wheel_path, edit)
-    message = str(info.value)
+    body = "return _NAME_UPSTREAM_NEVER_HAD\n"
+    message = _planted_build_error(monkeypatch, upstream_wheel_path, body)
     assert f"{FI}: F821" in message
     assert "_NAME_UPSTREAM_NEVER_HAD" in message
 
@@ -50,19 +43,13 @@ def test_an_undefined_name_in_an_edit_fails_the_build(monkeypatch, upstream_whee
 def test_an_import_of_a_name_the_base_lacks_fails_the_build(
     monkeypatch, upstream_wheel_path
 ):
-    edit = _planted(
-        """
-        @classmethod
-        def planted(cls) -> int:
-            from vllm.config.cache import NOT_A_NAME_OF_VLLM
-
-            return NOT_A_NAME_OF_VLLM
-        """
+    body = (
+        "from vllm.config.cache import NOT_A_NAME_OF_VLLM\n\n"
+        "return NOT_A_NAME_OF_VLLM\n"
     )
-    with pytest.raises(name_check.NameCheckError) as info:
-        _build_with(monkeypatch, upstream_wheel_path, edit)
-    assert f"{FI}:" in str(info.value)
-    assert "vllm.config.cache has no NOT_A_NAME_OF_VLLM" in str(info.value)
+    message = _planted_build_error(monkeypatch, upstream_wheel_path, body)
+    assert f"{FI}:" in message
+    assert "vllm.config.cache has no NOT_A_NAME_OF_VLLM" in message
 
 
 def test_an_unused_import_in_a_new_module_is_named():

@@ -12,6 +12,7 @@ the dist-info renamed to the local version, RECORD rewritten. No GPU, no compile
 import argparse
 import base64
 import csv
+import functools
 import hashlib
 import io
 import os
@@ -71,6 +72,7 @@ def edited_upstream_files(wheel: Path) -> dict[str, bytes]:
             if p.suffix == ".py"
         }
 
+        @functools.cache
         def module_text(module: str) -> str | None:
             """The module's source; ``pkg.__init__`` only for a package."""
             stem = module.replace(".", "/")

@@ -188,14 +188,15 @@ def fork_metadata(metadata: str) -> str:
     if upstream is None:
         return metadata
     old = f"Requires-Dist: flashinfer-python=={upstream}\n"
+    new = f"Requires-Dist: flashinfer-python=={pin.FLASHINFER_VERSION}\n"
+    if new in metadata:
+        return metadata  # already the fork's
     if old not in metadata:
         raise SystemExit(
             f"vLLM {pin.VLLM_VERSION}'s metadata no longer requires "
             f"flashinfer-python=={upstream}; update {PIN_FILE.relative_to(REPO)}."
         )
-    return metadata.replace(
-        old, f"Requires-Dist: flashinfer-python=={pin.FLASHINFER_VERSION}\n"
-    )
+    return metadata.replace(old, new)
 
 
 def upstream_requirements(wheel: Path) -> list[str]:

@@ -68,6 +68,10 @@ def apply_edits_in_place(site: Path, wheel: Path, venv: Path) -> list[str]:
             (site / path).write_bytes(src.read(path))
     for path, data in edited.items():
         (site / path).write_bytes(data)
+    # The installed vLLM requires what the fork wheel requires (the pin's
+    # FlashInfer), so pip and the GPU-host bundle see the fork's metadata.
+    (metadata,) = site.glob(f"vllm-{common.load_pin().VLLM_VERSION}.dist-info/METADATA")
+    metadata.write_text(common.fork_metadata(metadata.read_text()))
     listing.write_text("\n".join(sorted(edited)) + "\n")
     return sorted(edited)
 

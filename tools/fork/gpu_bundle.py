@@ -82,11 +82,6 @@ def walk(roots):
         seen.add((name, extras))
         for text in dists[name].requires or []:
             req = Requirement(text)
-            if name == "vllm" and canon(req.name) == "flashinfer-python":
-                # The fork wheel requires the pin's FlashInfer, which the dev
-                # venv holds, where upstream may name an unpublished one.
-                pinned = dists[canon(req.name)].version
-                req = Requirement(f"flashinfer-python=={pinned}")
             if req.marker and not any(
                 req.marker.evaluate({**env, "extra": e}) for e in ("", *extras)
             ):

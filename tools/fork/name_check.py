@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from tools.fork.common import DEV_REQUIREMENTS, REPO, log, run_pip
@@ -71,17 +71,28 @@ def _imports(text: str) -> list[tuple[int, str, str]]:
     ]
 
 
+def _module_level(tree: ast.Module) -> Iterator[ast.AST]:
+    """Nodes bound at module level: any branch of an if, try or with, no
+    function or class body (a definition itself is yielded)."""
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            todo.extend(ast.iter_child_nodes(node))
+
+
 def _defines(
     module: str, name: str, module_text: Callable[[str], str | None], depth: int = 0
 ) -> bool:
-    """Whether ``module`` binds ``name`` at any level, through its star
+    """Whether ``module`` binds ``name`` at module level, through its star
     imports, or has it as a submodule."""
     if module_text(f"{module}.{name}") is not None:
         return True
     source = module_text(module)
     if source is None or depth > 4:
         return False
-    for node in ast.walk(ast.parse(source)):
+    for node in _module_level(ast.parse(source)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             if node.name == name:
                 return True
