@@ -323,6 +323,21 @@ EDITS: tuple[Edit, ...] = (
         "a backend can refuse a configuration while the layers are built",
     ),
     Edit(
+        SPARSE_MLA,
+        "DeepseekV4FlashMLABackend",
+        ADD_TO_CLASS,
+        """
+        @classmethod
+        def negotiate(cls, vllm_config: VllmConfig) -> "SparseMLAPlan | None":
+            from vllm.models.deepseek_v41.nvidia import sparse_mla_pages
+
+            sparse_mla_pages.check_flashmla_block_size(vllm_config, cls)
+            return None
+        """,
+        VALIDATION,
+        "FlashMLA refuses a --block-size its packed caches cannot bind with",
+    ),
+    Edit(
         ATTENTION,
         "DeepseekV4Attention.__init__",
         INSERT_AFTER,

@@ -19,10 +19,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.plan_report.start_up import layer_class, vllms_default_block_size
+from tests.plan_report.start_up import layer_class
 from vllm.config import DeviceConfig, VllmConfig
-from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+from vllm.config.cache import CacheConfig
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
+from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
+from vllm.platforms import current_platform
 from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 from vllm_dsv41_plan import report
 
@@ -37,7 +39,11 @@ LAYOUT = SimpleNamespace(
         (Path(__file__).parent / "configs" / "dsv41_flash_layout.json").read_text()
     )
 )
-CAPABILITIES = [(9, 0), (10, 0), (12, 0), (12, 1)]
+# (way, GPU): FLASHINFER_MLA_SPARSE_DSV41 everywhere, and FlashMLA, vLLM's
+# default on SM90 (SM12x's default is the FlashInfer layer; SM100's, mega
+# attention, reads MXFP8 records the report's specs do not model).
+WAYS = [("flashinfer", c) for c in [(9, 0), (10, 0), (12, 0), (12, 1)]]
+WAYS.append(("flashmla", (9, 0)))
 BLOCK_SIZES = [None, 16, 32, 64, 128, 256]
 # Compressed states per indexer page DeepGEMM's paged MQA logits read (FP8
 # keys), by GPU family, as the host check of the DeepGEMM vLLM vendors reads
@@ -72,7 +78,43 @@ def _backend_of(name: str, layer_cls: type) -> type:
     return layer_cls.backend_cls
 
 
-def _bind(capability, tp: int, block_size: int | None) -> dict[str, tuple]:
+def _layer_class(way: str, capability) -> type:
+    if way == "flashmla":
+        return DeepseekV4FlashMLAAttention
+    return layer_class(capability)
+
+
+def _default_block_size(layer_cls: type) -> int:
+    """The --block-size vLLM picks when none is given, over the layer's backends."""
+    backends = [layer_cls.backend_cls, layer_cls.swa_backend_cls]
+    backends.append(DeepseekV41IndexerBackend)
+    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
+    return type(current_platform)._preferred_block_size_for_backends(
+        backends, CacheConfig.DEFAULT_BLOCK_SIZE, config
+    )
+
+
+def _start_up_refusal(monkeypatch, layer_cls, tp: int, block_size) -> str | None:
+    """What the layer's backend raises as the model is built (None: builds)."""
+    monkeypatch.setattr(policy, "get_tensor_model_parallel_world_size", lambda: tp)
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(hf_config=LAYOUT),
+        cache_config=SimpleNamespace(
+            cache_dtype="fp8",
+            block_size=block_size or CacheConfig.DEFAULT_BLOCK_SIZE,
+            user_specified_block_size=block_size is not None,
+        ),
+        speculative_config=None,
+        attention_config=SimpleNamespace(use_non_causal=False),
+    )
+    try:
+        layer_cls.backend_cls.negotiate(config)
+    except policy.UnsupportedSparseMLAConfig as e:
+        return str(e)
+    return None
+
+
+def _bind(layer_cls, capability, block_size: int | None) -> dict[str, tuple]:
     """Run vLLM's KV-cache path for the layout; return, per bound cache, its
     tokens per state and the states of one kernel page. Raises as vLLM does."""
     from vllm.v1.attention.backends.utils import (
@@ -91,9 +133,8 @@ def _bind(capability, tp: int, block_size: int | None) -> dict[str, tuple]:
         select_common_block_size,
     )
 
-    layer_cls = layer_class(capability)
     plan = policy.plan_pages(capability)
-    size = block_size or vllms_default_block_size(capability)
+    size = block_size or _default_block_size(layer_cls)
     config = _engine_config(size)
     specs = report.cache_specs(plan, LAYOUT, "fp8", size)
     backends = {name: _backend_of(name, layer_cls) for name in specs}
@@ -160,26 +201,19 @@ def _kernels_take(capability, plan, bound: dict[str, tuple]) -> list[str]:
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
-@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
+@pytest.mark.parametrize(
+    "way, capability", WAYS, ids=[f"{w}-sm{c[0]}{c[1]}" for w, c in WAYS]
+)
 def test_start_up_refuses_exactly_what_vllm_cannot_serve(
-    set_capability, capability, tp, block_size
+    monkeypatch, set_capability, way, capability, tp, block_size
 ):
     capability = set_capability(*capability)
-    try:
-        plan = policy.negotiate_for_model(
-            capability,
-            LAYOUT,
-            fi.DeepseekV4FlashInferMLASparseBackend.paged_backends(),
-            tensor_parallel_size=tp,
-            kv_cache_dtype="fp8",
-            block_size=block_size,
-        )
-        refusal = None
-    except policy.UnsupportedSparseMLAConfig as e:
-        plan, refusal = policy.plan_pages(capability), str(e)
+    layer_cls = _layer_class(way, capability)
+    plan = policy.plan_pages(capability)
+    refusal = _start_up_refusal(monkeypatch, layer_cls, tp, block_size)
 
     try:
-        bound = _bind(capability, tp, block_size)
+        bound = _bind(layer_cls, capability, block_size)
         failure = "; ".join(_kernels_take(capability, plan, bound)) or None
     except (ValueError, NotImplementedError, AssertionError) as e:
         failure = f"{type(e).__name__}: {e}"
@@ -193,5 +227,5 @@ def test_start_up_refuses_exactly_what_vllm_cannot_serve(
         named = re.search(r"Use one of \[([\d, ]*)\]", refusal)
         assert named, refusal
         for working in (int(s) for s in named[1].split(",") if s.strip()):
-            bound = _bind(capability, tp, working)
+            bound = _bind(layer_cls, capability, working)
             assert not _kernels_take(capability, plan, bound), working

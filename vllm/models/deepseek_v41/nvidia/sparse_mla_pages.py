@@ -60,6 +60,7 @@ class SparseMLAKernel(enum.Enum):
     TRTLLM_GEN = "flashinfer-trtllm-gen"
     FLASHINFER_SM120 = "flashinfer-sm120"
     TRITON = "triton"
+    FLASHMLA = "flashmla"
 
 
 class UnsupportedSparseMLAConfig(ValueError):
@@ -217,6 +218,12 @@ class SparseMLAPlan:
     kv_cache_dtype: str | None = None
     # Why the kernel is not the GPU's usual one, logged once at start-up.
     note: str | None = None
+
+    @property
+    def packed(self) -> bool:
+        """Whether the layer reads packed fp8_ds_mla records (every kernel but
+        SM10x's TRTLLM-gen, which reads plain rows)."""
+        return self.kernel is not SparseMLAKernel.TRTLLM_GEN
 
     @property
     def swa_block_size(self) -> int:
@@ -438,6 +445,7 @@ def negotiate_for_model(
 ) -> SparseMLAPlan:
     """Every check start-up makes for a DeepSeek V4.1 model on ``capability``
     and the plan it negotiates; raises the one error start-up raises."""
+    assert backends.pad_heads is not None, "negotiation pads the layer's heads"
     local_heads = _check_model_shape(hf_config, tensor_parallel_size)
     if num_speculative_tokens is not None and num_speculative_tokens < 0:
         _refuse(f"{num_speculative_tokens} speculative tokens is not a count.")
@@ -464,7 +472,7 @@ class PagedBackends:
 
     attention: type[AttentionBackend]
     indexer: type[AttentionBackend]
-    pad_heads: Callable[[int], int]
+    pad_heads: Callable[[int], int] | None = None
 
 
 def _block_size_refusal(
@@ -494,7 +502,7 @@ def _block_size_refusal(
     # (AttentionGroup.map_kv_cache_to_kernel_blocks), the two-segment layer's
     # packed records put other layers' pages between a block's, and a ratio-1
     # cache (one state a token) cannot be split: its kernels must take
-    # --block-size itself. SM10x's plain rows split.
+    # --block-size itself. Plain rows split.
     from vllm.v1.worker.utils import AttentionGroup
 
     try:
@@ -503,7 +511,7 @@ def _block_size_refusal(
         return f"no kernel page of the compressed KV caches divides {block_size}"
     if (
         hasattr(AttentionGroup, "map_kv_cache_to_kernel_blocks")
-        and plan.kernel is not SparseMLAKernel.TRTLLM_GEN
+        and plan.packed
         and own_page != block_size
     ):
         return (
@@ -542,6 +550,24 @@ def check_block_size(
         f"--block-size {block_size} cannot page DeepSeek V4.1's KV caches on "
         f"this GPU: {why}. Use one of {working} (or leave --block-size unset)."
     )
+
+
+def check_flashmla_block_size(
+    vllm_config: VllmConfig, backend: type[AttentionBackend]
+) -> None:
+    """Refuse, while a FlashMLA layer is built, a ``--block-size`` its packed
+    caches cannot be bound with, rather than after the weights load."""
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
+
+    capability = current_platform.get_device_capability()
+    cache_config = vllm_config.cache_config
+    if capability is None or not cache_config.user_specified_block_size:
+        return
+    plan = SparseMLAPlan(
+        capability, SparseMLAKernel.FLASHMLA, None, indexer_pages(capability)
+    )
+    backends = PagedBackends(backend, DeepseekV41IndexerBackend)
+    check_block_size(cache_config.block_size, plan, backends)
 
 
 def negotiate_layer(vllm_config: VllmConfig, backends: PagedBackends) -> SparseMLAPlan:
