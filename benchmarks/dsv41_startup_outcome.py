@@ -22,7 +22,7 @@ from pathlib import Path
 
 # Checked in order: the first pattern any line matches decides the outcome.
 OUTCOMES = (
-    ("refused at start-up", re.compile(r"UnsupportedSparseMLAConfig")),
+    ("refused at start-up", re.compile(r"UnsupportedSparseMLAConfig: ")),
     ("failed at binding", re.compile(r"cannot be split into")),
     ("no common block size", re.compile(r"No common block size")),
 )

@@ -461,3 +461,23 @@ def test_install_needs_the_bundles_folder(tmp_path: Path) -> None:
     assert "has no bundle.json" in run.stderr
     assert "Traceback" not in run.stderr
     assert not state.exists()
+
+
+def test_the_target_processes_its_pth_files(tmp_path: Path) -> None:
+    """A package that puts its modules on the path through a .pth file (the
+    CuTe DSL's ``cutlass``) imports from the bundle's target."""
+    from tools.fork.gpu_bundle import environment, make_site_dir
+
+    target = tmp_path / "site"
+    (target / "hidden").mkdir(parents=True)
+    (target / "hidden" / "found_by_pth.py").write_text("ANSWER = 42\n")
+    (target / "a.pth").write_text(
+        f"import sys, os; sys.path.append(os.path.join({str(target)!r}, 'hidden'))\n"
+    )
+    probe = [sys.executable, "-c", "import found_by_pth; print(found_by_pth.ANSWER)"]
+    env = environment(target, {"base": load_pin().VLLM_VERSION})
+    before = subprocess.run(probe, env=env, capture_output=True, text=True)
+    assert before.returncode != 0  # PYTHONPATH alone skips .pth files
+    make_site_dir(target)
+    after = subprocess.run(probe, env=env, capture_output=True, text=True)
+    assert after.stdout.strip() == "42", after.stderr

@@ -36,7 +36,8 @@ MANIFEST = "bundle.json"
 CONTENTS = "contents.json"
 REQUIREMENTS = "requirements.txt"
 WAITING = 3
-DEFAULT_PART_MIB = 60
+# A device call carries 64 MiB: a part and the checkout (about 6.5 MB).
+DEFAULT_PART_MIB = 54
 # Copied from the checkout for ``run``: what the runs execute and read.
 CHECKOUT_PATHS = ("tests", "benchmarks", "tools", ".buildkite")
 # Requirements of vLLM or FlashInfer that no run on such a host takes, by
@@ -45,7 +46,6 @@ LEFT_OUT = {
     "tokenspeed-mla": "an alternative MLA kernel package vLLM imports only when chosen",
     "quack-kernels": "CuTe DSL kernels for SM100",
     "humming-kernels": "quantised GEMM kernels for other models",
-    "nvidia-cutlass-dsl": "FlashInfer's CuTe DSL kernels, built at run time on SM10x",
     "nvidia-cudnn-frontend": "FlashInfer's cuDNN attention path",
     "nccl4py": "FlashInfer's multi-GPU communication",
     "nccl-extensions": "FlashInfer's multi-GPU communication",
@@ -75,6 +75,7 @@ dists = {canon(d.metadata["Name"]): d for d in metadata.distributions()}
 stop = set(json.loads(sys.argv[2]))
 def walk(roots):
     seen, specs, todo = set(), {}, [(canon(r), ()) for r in roots]
+    needs = {}
     while todo:
         name, extras = todo.pop()
         if (name, extras) in seen or name not in dists or name in stop:
@@ -87,14 +88,15 @@ def walk(roots):
             ):
                 continue
             specs.setdefault(canon(req.name), []).append(req.specifier)
+            needs.setdefault(name, set()).add(canon(req.name))
             todo.append((canon(req.name), tuple(sorted(req.extras))))
-    return {n for n, _ in seen}, specs
-names, specs = walk(sys.argv[3:])
-by_torch, _ = walk(["torch"])
+    return {n for n, _ in seen}, specs, needs
+names, specs, needs = walk(sys.argv[3:])
+by_torch = walk(["torch"])[0]
 have = {canon(k): v for k, v in host["packages"].items()}
 ok = lambda n: n in have and all(Version(have[n]) in s for s in specs.get(n, ()))
 out = {n: {"version": dists[n].version, "torch": n in by_torch, "host": have.get(n),
-           "host_ok": ok(n)} for n in names}
+           "host_ok": ok(n), "needs": sorted(needs.get(n, ()))} for n in names}
 print(json.dumps(out))
 """
 
@@ -142,7 +144,8 @@ def plan(host: dict, venv_python: Path, host_file: Path) -> tuple[dict, dict]:
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     ship, out_why, torch_built = {}, {}, load_pin().INCOMPATIBLE_PACKAGES
-    for name, d in json.loads(out).items():
+    resolved = json.loads(out)
+    for name, d in resolved.items():
         if name == "vllm":
             continue
         if d["host_ok"]:
@@ -151,6 +154,20 @@ def plan(host: dict, venv_python: Path, host_file: Path) -> tuple[dict, dict]:
             out_why[name] = "comes with the host's torch"
         else:
             ship[name] = d["version"]
+    # A host package kept at another version than the resolution's may refuse
+    # what the bundle replaces beneath it (the host's transformers and a
+    # newer huggingface-hub): ship the resolution's version of it too.
+    while kept := [
+        n
+        for n in out_why
+        if n in resolved
+        and resolved[n]["host"] != resolved[n]["version"]
+        and not (resolved[n]["torch"] or n in torch_built)
+        and set(resolved[n]["needs"]) & set(ship)
+    ]:
+        for name in kept:
+            ship[name] = resolved[name]["version"]
+            del out_why[name]
     return ship, {**out_why, **LEFT_OUT}
 
 
@@ -259,6 +276,7 @@ def install(manifest: dict, root: Path, target: Path) -> dict:
         pip += ["--find-links", str(wheels), "--no-deps", "--no-compile"]
         pip += ["--target", str(target), str(root / manifest["wheel"])]
         subprocess.run([*pip, "-r", str(wheels / REQUIREMENTS)], check=True)
+        make_site_dir(target)
         stamp.write_text(manifest["sha256"])
     env = environment(target, manifest)
     compiled = sorted(
@@ -282,6 +300,15 @@ def install(manifest: dict, root: Path, target: Path) -> dict:
     report.update(wheel_sha256=manifest["wheel_sha256"], pip_check=unmet)
     (target / "bundle-check.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+def make_site_dir(target: Path) -> None:
+    """Have Python process ``target``'s .pth files, as in a site-packages:
+    on PYTHONPATH alone it does not (the CuTe DSL finds its ``cutlass``
+    package through one). Python imports ``sitecustomize`` at start-up."""
+    (target / "sitecustomize.py").write_text(
+        "import os, site\n\nsite.addsitedir(os.path.dirname(__file__))\n"
+    )
 
 
 def environment(target: Path, manifest: dict) -> dict[str, str]:
