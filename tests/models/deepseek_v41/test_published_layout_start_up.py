@@ -11,7 +11,6 @@ The GPU is mocked at the platform boundary; the allocation is on the meta
 device, so binding runs its real stride checks without memory.
 """
 
-import importlib
 import json
 import re
 from pathlib import Path
@@ -28,18 +27,6 @@ from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
 from vllm.platforms import current_platform
 from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 from vllm_dsv41_plan import report
-
-# A vLLM that binds packed blocks without mapping them to kernel pages (no
-# map_kv_caches_to_kernel_blocks) refuses every split of a packed block at
-# allocation, a rule start-up does not model yet: there 60 of the 120 cases
-# disagree (start-up accepts a split, or refuses a --block-size no cache takes).
-pytestmark = pytest.mark.skipif(
-    not hasattr(
-        importlib.import_module("vllm.v1.worker.utils"),
-        "map_kv_caches_to_kernel_blocks",
-    ),
-    reason="start-up does not model this vLLM's packed-block binding yet",
-)
 
 LAYOUT = SimpleNamespace(
     **json.loads(

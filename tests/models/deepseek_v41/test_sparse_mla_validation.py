@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.models.deepseek_v41.layer_config import vllm_config_stand_in
+from tests.v1.attention.dsv41.flashinfer_release import runtime_pages
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
@@ -85,8 +86,17 @@ def test_kv_cache_dtypes_per_architecture(capability, dtype, accepted):
     assert f"--kv-cache-dtype {dtype}" in str(e.value)
 
 
-def test_other_backends_negotiate_nothing():
-    assert DeepseekV4FlashMLAAttention.backend_cls.negotiate(None) is None
+def test_flashmla_negotiates_no_plan_but_refuses_an_unbindable_block_size(
+    set_capability,
+):
+    """FlashMLA's layer keeps its kernel; a --block-size its packed caches
+    cannot be bound with fails as it is built (SM90: 64-token kernel pages)."""
+    set_capability(9, 0)
+    negotiate = DeepseekV4FlashMLAAttention.backend_cls.negotiate
+    assert negotiate(vllm_config_stand_in(block_size=128, user_block=False)) is None
+    assert negotiate(vllm_config_stand_in(block_size=64)) is None
+    with pytest.raises(policy.UnsupportedSparseMLAConfig, match=r"Use one of \[64\]"):
+        negotiate(vllm_config_stand_in(block_size=128))
 
 
 @pytest.mark.parametrize(
@@ -149,13 +159,16 @@ def test_an_unset_block_size_is_not_refused(set_capability, single_gpu):
             "--kv-cache-dtype bfloat16",
         ),
         ((10, 0), vllm_config_stand_in(cache_dtype="fp8_ds_mla"), "fp8_ds_mla"),
-        # No attention kernel takes 32-token compressed pages on SM12x.
-        (
+        # No attention kernel takes 32-token compressed pages on SM12x (with
+        # fixed pages --block-size pages no cache, so any is taken).
+        pytest.param(
             (12, 0),
             vllm_config_stand_in(cache_dtype="fp8", block_size=32),
             "--block-size 32",
+            marks=runtime_pages,
         ),
-        ((10, 0), vllm_config_stand_in(block_size=192), r"Use one of \[128, 256\]"),
+        # 256 too where vLLM maps packed blocks to kernel pages at binding.
+        ((10, 0), vllm_config_stand_in(block_size=192), r"Use one of \[128(, 256)?\]"),
         ((8, 0), vllm_config_stand_in(cache_dtype="fp8"), "this GPU is SM80"),
         ((12, 0), vllm_config_stand_in(heads=0), "0 attention heads"),
     ],

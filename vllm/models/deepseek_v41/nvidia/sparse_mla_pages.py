@@ -490,33 +490,30 @@ def _block_size_refusal(
     backend = backends.attention
     if block_size < 1:
         return "it is not a positive page size"
+    if plan.fixed_page is not None:
+        return None  # every cache has the plan's pages; --block-size pages none
     if not backend.supports_block_size(block_size):
         sizes = [
             s.base if isinstance(s, MultipleOf) else s
             for s in backend.get_supported_kernel_block_sizes()
         ]
         return f"the attention kernels take pages of {sizes} tokens"
-    if plan.fixed_page is not None:
-        return None
-    # Where the worker maps packed blocks to kernel pages at binding
-    # (AttentionGroup.map_kv_cache_to_kernel_blocks), the two-segment layer's
-    # packed records put other layers' pages between a block's, and a ratio-1
-    # cache (one state a token) cannot be split: its kernels must take
-    # --block-size itself. Plain rows split.
+    # Binding splits a block into kernel pages only where the block is one
+    # dense page (never for these packed caches) or, where vLLM maps packed
+    # blocks to kernel pages (AttentionGroup.map_kv_cache_to_kernel_blocks),
+    # for caches of more than one token a state: a ratio-1 cache of packed
+    # records is bound whole, so its kernels must take --block-size itself.
     from vllm.v1.worker.utils import AttentionGroup
 
     try:
         own_page = select_common_block_size(block_size, [backend])
     except ValueError:
         return f"no kernel page of the compressed KV caches divides {block_size}"
-    if (
-        hasattr(AttentionGroup, "map_kv_cache_to_kernel_blocks")
-        and plan.packed
-        and own_page != block_size
-    ):
+    maps_packed_blocks = hasattr(AttentionGroup, "map_kv_cache_to_kernel_blocks")
+    if own_page != block_size and (plan.packed or not maps_packed_blocks):
         return (
-            f"the ratio-1 compressed KV cache's packed {block_size}-token blocks "
-            f"cannot be split into the kernels' {own_page}-token pages"
+            f"the compressed KV caches' packed {block_size}-token blocks cannot "
+            f"be split into the kernels' {own_page}-token pages"
         )
     joined = [
         r for r in DSV41_COMPRESS_RATIOS if plan.indexer.block_size(r) == block_size
