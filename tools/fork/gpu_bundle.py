@@ -44,7 +44,6 @@ CHECKOUT_PATHS = ("tests", "benchmarks", "tools", ".buildkite")
 # why; together several hundred MB, more than a device call carries.
 LEFT_OUT = {
     "tokenspeed-mla": "an alternative MLA kernel package vLLM imports only when chosen",
-    "quack-kernels": "CuTe DSL kernels for SM100",
     "humming-kernels": "quantised GEMM kernels for other models",
     "nvidia-cudnn-frontend": "FlashInfer's cuDNN attention path",
     "nccl4py": "FlashInfer's multi-GPU communication",
