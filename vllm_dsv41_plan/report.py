@@ -11,7 +11,7 @@ indexer K caches), the page size in tokens and bytes, the attention class and
 kernel that will run, the padded head count, and the error start-up would
 raise, if any. It needs no GPU and asks nothing of the platform: the
 capability given goes straight to start-up's own negotiation
-(``sparse_mla_pages.negotiate_for_model``), every page comes from the plan it
+(``sparse_mla_pages.negotiate``), every page comes from the plan it
 returns, and the page bytes from vLLM's KV-cache spec classes built with the
 values the layers give them.
 
@@ -22,6 +22,7 @@ go to stderr. The model modules are imported only after that.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -29,6 +30,7 @@ import logging
 import math
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -76,10 +78,6 @@ REQUIRED_FIELDS = {
 # by the capability given; tests/plan_report holds them against the layers.
 MXFP8_RECORD = (528, 512)
 V4_RECORD = (584, 576)
-# The compressed-KV kernel page the FlashInfer backend offers when the plan
-# fixes none (DeepseekV4FlashInferMLASparseBackend.get_supported_kernel_block_sizes,
-# which reads the platform's plan; restated, held against it by the tests).
-UNFIXED_COMPRESSED_KERNEL_PAGES = (128,)
 
 
 class UsageError(ValueError):
@@ -149,24 +147,39 @@ def kernel_block_sizes(
     plan: "pages.SparseMLAPlan",
 ) -> "dict[str, list[int | MultipleOf]]":
     """The kernel pages each backend of the model offers for ``plan``, by
-    cache kind: what the backends answer on that GPU, from the plan."""
+    cache kind: the backends' own answers, asked with the plan's GPU at the
+    platform boundary."""
     from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 
-    return {
-        # DeepseekV4FlashInferMLASparseBackend.get_supported_kernel_block_sizes
-        "compressed": list(plan.kernel_block_sizes())
-        or list(UNFIXED_COMPRESSED_KERNEL_PAGES),
-        # The SWA backends: the plan's fixed page, else upstream's sizes.
-        "swa": (
-            [plan.fixed_page]
-            if plan.fixed_page
-            else list(
-                fi.DeepseekSparseSWAFlashInferBackend.get_supported_kernel_block_sizes()
-            )
-        ),
-        # DeepseekV41IndexerBackend.get_supported_kernel_block_sizes
-        "indexer": list(plan.indexer.kernel_block_sizes()),
-    }
+    with capability_at_platform(plan.capability):
+        mla = fi.DeepseekV4FlashInferMLASparseBackend
+        swa = attention_class_for(plan).swa_backend_cls
+        return {
+            "compressed": mla.get_supported_kernel_block_sizes(),
+            "swa": swa.get_supported_kernel_block_sizes(),
+            "indexer": DeepseekV41IndexerBackend.get_supported_kernel_block_sizes(),
+        }
+
+
+@contextlib.contextmanager
+def capability_at_platform(capability: DeviceCapability) -> Iterator[None]:
+    """vLLM's platform answers ``capability`` for the GPU while inside, so
+    the backends' hooks answer for it and not for the host's GPU."""
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    saved = platform.__dict__.get("get_device_capability")
+    platform.get_device_capability = classmethod(  # type: ignore[method-assign]
+        lambda cls, device_id=0: capability
+    )
+    try:
+        yield
+    finally:
+        if saved is None:
+            del platform.get_device_capability
+        else:
+            platform.get_device_capability = saved  # type: ignore[method-assign]
 
 
 def _takes(sizes: "list[int | MultipleOf]", block_size: int) -> bool:
@@ -180,22 +193,25 @@ def _takes(sizes: "list[int | MultipleOf]", block_size: int) -> bool:
 def default_block_size(plan: "pages.SparseMLAPlan") -> int:
     """The --block-size vLLM picks when the user sets none, for ``plan``.
 
-    vLLM 0.30 takes the sparse-MLA backend's preferred size
-    (``sparse_mla_pages.preferred_block_size``, which the backend's hook
-    calls); from 0.33 the platform takes the smallest size every backend of
-    the model's layers supports (``Platform._preferred_block_size_for_backends``).
-    Both ask the backends, which read the platform's GPU; here the plan's
-    kernel pages stand for their answers. Raises ValueError as vLLM does when
-    the backends share no size."""
+    vLLM 0.30 takes the sparse-MLA backend's preferred size (the default
+    where a compressed-KV kernel page takes it, else the largest); from 0.33
+    the platform takes the smallest size every backend of the model's layers
+    supports (``Platform._preferred_block_size_for_backends``). Both ask the
+    backends, here with the plan's GPU at the platform boundary. Raises
+    ValueError as vLLM does when the backends share no size."""
     from vllm.config.cache import CacheConfig
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
+    from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+        DeepseekV4FlashInferMLASparseBackend,
+    )
     from vllm.platforms.interface import Platform
     from vllm.v1.attention.backend import MultipleOf
 
     default = CacheConfig.DEFAULT_BLOCK_SIZE
     sizes = kernel_block_sizes(plan)
     if not hasattr(Platform, "_preferred_block_size_for_backends"):
-        return pages.preferred_block_size(default, sizes["compressed"])
+        fi_backend = DeepseekV4FlashInferMLASparseBackend
+        with capability_at_platform(plan.capability):
+            return fi_backend.get_preferred_block_size(default)
     offered = list(sizes.values())
     if all(_takes(s, default) for s in offered):
         return default
@@ -257,6 +273,7 @@ def cache_specs(
 
     from vllm.config import AttentionConfig
     from vllm.models.deepseek_v41.attention import _indexer_k_cache_head_dim
+    from vllm.v1.attention.backends.mla import indexer_pages
     from vllm.v1.kv_cache_interface import (
         MLAAttentionSpec,
         SlidingWindowMLASpec,
@@ -314,7 +331,7 @@ def cache_specs(
         ratio = hf_config.compress_ratios[layer]
         specs[f"model.layers.{layer}.attn.indexer.k_cache"] = _spec(
             MLAAttentionSpec,
-            block_size=plan.indexer.block_size(ratio),
+            block_size=indexer_pages.block_size(ratio),
             num_kv_heads=1,
             head_size=_indexer_k_cache_head_dim(hf_config.index_head_dim, False),
             dtype=torch.uint8,
@@ -327,6 +344,39 @@ def cache_specs(
             ),
         )
     return specs
+
+
+def check_model_shape(hf_config: Any, tensor_parallel_size: int) -> int:
+    """Refuse, as vLLM's config checks and layers do, values no DeepSeek V4.1
+    model is built with; return the attention heads per GPU."""
+    from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
+    from vllm.v1.attention.backends.mla.indexer_pages import DSV41_COMPRESS_RATIOS
+
+    heads = hf_config.num_attention_heads
+    problem = None
+    if heads <= 0:
+        problem = f"the model has {heads} attention heads; it needs at least one."
+    elif hf_config.sliding_window <= 0:
+        problem = f"sliding_window is {hf_config.sliding_window}; it must be positive."
+    elif unknown := sorted(
+        {r for r in hf_config.compress_ratios if r and r not in DSV41_COMPRESS_RATIOS}
+    ):
+        problem = (
+            f"compress ratios {unknown} are not DeepSeek V4.1's: its layers are "
+            "sliding-window only (0) or compressed with ratio "
+            f"{' or '.join(map(str, DSV41_COMPRESS_RATIOS))}."
+        )
+    elif tensor_parallel_size < 1:
+        problem = f"--tensor-parallel-size {tensor_parallel_size} must be at least 1."
+    elif heads % tensor_parallel_size:
+        sizes = [tp for tp in range(1, min(heads, 64) + 1) if heads % tp == 0]
+        problem = (
+            f"{heads} attention heads cannot be split evenly over "
+            f"--tensor-parallel-size {tensor_parallel_size}. Use one of {sizes}."
+        )
+    if problem:
+        raise pages.UnsupportedSparseMLAConfig(f"DeepSeek V4.1: {problem}")
+    return heads // tensor_parallel_size
 
 
 def make_plan(
@@ -351,19 +401,21 @@ def make_plan(
         local_heads=hf_config.num_attention_heads // max(tensor_parallel_size, 1),
     )
     try:
-        plan = pages.negotiate_for_model(
-            capability,
-            hf_config,
-            backend.paged_backends(),
-            tensor_parallel_size=tensor_parallel_size,
-            kv_cache_dtype=kv_cache_dtype,
-            use_non_causal=use_non_causal,
-            num_speculative_tokens=num_speculative_tokens,
-            block_size=block_size,
-            envelope=envelope,
-        )
-        cache_dtype, _ = resolve_kv_cache_dtype(plan, kv_cache_dtype)
-        specs = cache_specs(plan, hf_config, kv_cache_dtype, block_size)
+        with capability_at_platform(capability):
+            local_heads = check_model_shape(hf_config, tensor_parallel_size)
+            plan = pages.negotiate(
+                capability,
+                backend.paged_backends(),
+                num_local_heads=local_heads,
+                kv_cache_dtype=kv_cache_dtype,
+                swa_topk=pages.swa_topk(
+                    hf_config.sliding_window, use_non_causal, num_speculative_tokens
+                ),
+                block_size=block_size,
+                envelope=envelope,
+            )
+            cache_dtype, _ = resolve_kv_cache_dtype(plan, kv_cache_dtype)
+            specs = cache_specs(plan, hf_config, kv_cache_dtype, block_size)
     except (pages.UnsupportedSparseMLAConfig, ValueError) as e:
         report.error = str(e)
         return report
@@ -375,7 +427,9 @@ def make_plan(
     report.flashinfer = plan.envelope.source if plan.envelope else None
     report.padded_heads = plan.padded_heads
     report.kv_cache_dtype = cache_dtype
-    report.swa_topks = list(plan.swa_topks)
+    report.swa_topks = [
+        pages.swa_topk(hf_config.sliding_window, use_non_causal, num_speculative_tokens)
+    ]
     swa = specs["model.layers.0.attn.swa_cache"]
     report.caches.append(
         CachePlan(
@@ -401,7 +455,7 @@ def make_plan(
                     spec.block_size // ratio,
                     spec.page_size_bytes,
                     kernel=INDEXER_KERNEL if kind == "indexer" else None,
-                    trusted=plan.indexer.deepgemm if kind == "indexer" else None,
+                    trusted="DeepGEMM" if kind == "indexer" else None,
                 )
             )
     return report

@@ -81,7 +81,7 @@ def test_refused_configs_report_the_start_up_error(capsys, args, needle):
         (["--capability", "9.0"], None),
         pytest.param(
             ["--capability", "12.0", "--num-speculative-tokens", "200", "--non-causal"],
-            "top-k [384]",
+            "top-k 384",
             marks=fixed_pages,
         ),
     ],
@@ -136,20 +136,13 @@ def test_sm90_default_pages_are_the_h200s_on_any_host(capsys, set_capability):
 
 @pytest.mark.parametrize("block_size", [64, 128])
 def test_sm90_pages_of_a_block_size_on_the_h200(capsys, set_capability, block_size):
-    """--block-size on an SM90 host (mocked): start-up's --block-size check
-    asks the backends' hooks, which answer for the host's GPU (see below)."""
+    """--block-size on an SM90 host (mocked) gets the same pages."""
     set_capability(9, 0)
     _assert_sm90_pages(_sm90_pages(capsys, "--block-size", str(block_size)), block_size)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sparse_mla_pages.check_block_size asks the backends' "
-    "get_supported_kernel_block_sizes/supports_block_size, which read the "
-    "host's GPU through current_plan(); on a GPU-less host the FlashInfer "
-    "backend offers [128] and --block-size 64 is refused for SM90",
-)
 def test_sm90_block_size_64_on_a_gpu_less_host(capsys, monkeypatch):
+    """The capability given, not the host's GPU, answers every hook."""
     from vllm.platforms import current_platform
 
     monkeypatch.setattr(
@@ -161,7 +154,6 @@ def test_sm90_block_size_64_on_a_gpu_less_host(capsys, monkeypatch):
 
 
 def test_sm90_refuses_pages_its_indexer_cannot_split(capsys, set_capability):
-    set_capability(9, 0)  # the --block-size check asks the host's backends
     code, plan = _plan(capsys, "--capability", "9.0", "--block-size", "32")
     assert code == 1
     # 256 too where vLLM binds packed blocks without splitting them (the
@@ -170,21 +162,20 @@ def test_sm90_refuses_pages_its_indexer_cannot_split(capsys, set_capability):
 
 
 @pytest.mark.parametrize(
-    "tp, ratios, match",
+    "tp, dtype, heads, match",
     [
-        (3, [0, 1, 2], "cannot be split evenly over --tensor-parallel-size 3"),
-        (1, [0, 4, 1], r"compress ratios \[4\] are not DeepSeek V4.1's"),
+        (1, "fp8", 256, "cannot run 256 attention heads per GPU"),
+        (2, "bfloat16", 64, "--kv-cache-dtype bfloat16 is not served"),
     ],
 )
 def test_layers_refuse_what_the_report_refuses(
-    set_capability, monkeypatch, tp, ratios, match
+    set_capability, monkeypatch, tp, dtype, heads, match
 ):
-    """The layer, the backend check and the plan report share one validation:
-    the same setups fail with the same message."""
+    """The layer and the plan report share one validation: the same setups
+    fail with the same message."""
     set_capability(12, 0)
     monkeypatch.setattr(policy, "get_tensor_model_parallel_world_size", lambda: tp)
-    config = vllm_config_stand_in(heads=128, cache_dtype="fp8")
-    config.model_config.hf_config.compress_ratios = ratios
+    config = vllm_config_stand_in(heads=heads, cache_dtype=dtype)
     with pytest.raises(policy.UnsupportedSparseMLAConfig, match=match) as built:
         fi.DeepseekV4FlashInferSM120Attention(config, prefix="model.layers.1.attn")
     hf = config.model_config.hf_config
@@ -193,6 +184,7 @@ def test_layers_refuse_what_the_report_refuses(
         policy.DeviceCapability(12, 0),
         hf,
         tensor_parallel_size=tp,
-        kv_cache_dtype="fp8",
+        kv_cache_dtype=dtype,
+        block_size=config.cache_config.block_size,
     )
     assert plan.error == str(built.value)

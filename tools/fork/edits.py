@@ -130,8 +130,7 @@ EDITS: tuple[Edit, ...] = (
         """
         # DeepGEMM's paged MQA logits read pages of a fixed number of
         # compressed states: one kernel page per compress ratio.
-        if pages := indexer_pages.current_indexer_pages():
-            return list(pages.kernel_block_sizes())
+        return indexer_pages.kernel_block_sizes()
         """,
         PAGES,
         "the indexer's kernel pages hold the states DeepGEMM reads, per ratio",
@@ -147,11 +146,10 @@ EDITS: tuple[Edit, ...] = (
         ADD_TO_CLASS,
         '''
         @classmethod
-        def get_indexer_block_size(cls, compress_ratio: int) -> int | None:
+        def get_indexer_block_size(cls, compress_ratio: int) -> int:
             """Tokens per K-cache page of an indexer over states of
-            ``compress_ratio`` tokens each; None pages it with ``--block-size``."""
-            pages = indexer_pages.current_indexer_pages()
-            return pages.block_size(compress_ratio) if pages else None
+            ``compress_ratio`` tokens each."""
+            return indexer_pages.block_size(compress_ratio)
 
         @classmethod
         def check_indexer_pages(cls) -> None:
@@ -225,9 +223,13 @@ EDITS: tuple[Edit, ...] = (
         """
         @classmethod
         def get_preferred_block_size(cls, default_block_size: int) -> int:
-            return sparse_mla_pages.preferred_block_size(
-                default_block_size, cls.get_supported_kernel_block_sizes()
-            )
+            # The default where a compressed-KV kernel takes it, else the
+            # largest page one does.
+            sizes = [
+                s.base if isinstance(s, MultipleOf) else s
+                for s in cls.get_supported_kernel_block_sizes()
+            ]
+            return default_block_size if default_block_size in sizes else max(sizes)
 
         @classmethod
         def get_compressed_block_size(cls, compress_ratio: int) -> int | None:
@@ -329,9 +331,21 @@ EDITS: tuple[Edit, ...] = (
         """
         @classmethod
         def negotiate(cls, vllm_config: VllmConfig) -> "SparseMLAPlan | None":
-            from vllm.models.deepseek_v41.nvidia import sparse_mla_pages
+            from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
+            from vllm.v1.attention.backends.mla.indexer import (
+                DeepseekV41IndexerBackend,
+            )
 
-            sparse_mla_pages.check_flashmla_block_size(vllm_config, cls)
+            # A --block-size its packed caches cannot be bound with fails
+            # here, before the weights load, rather than at KV binding.
+            capability = current_platform.get_device_capability()
+            cache_config = vllm_config.cache_config
+            if capability is not None and cache_config.user_specified_block_size:
+                pages.check_block_size(
+                    cache_config.block_size,
+                    pages.SparseMLAPlan(capability, pages.SparseMLAKernel.FLASHMLA),
+                    pages.PagedBackends(cls, DeepseekV41IndexerBackend),
+                )
             return None
         """,
         VALIDATION,
@@ -372,15 +386,6 @@ EDITS: tuple[Edit, ...] = (
     ),
     Edit(
         FLASHINFER,
-        f"{FI_BACKEND}.supports_compute_capability",
-        REPLACE,
-        "sparse_mla_pages.supports_compute_capability(capability)",
-        VALIDATION,
-        "the GPUs the backend runs on are the policy's",
-        anchor="capability.major in [10, 12]",
-    ),
-    Edit(
-        FLASHINFER,
         f"{FI_BACKEND}.supports_combination",
         REPLACE_BODY,
         """
@@ -393,6 +398,15 @@ EDITS: tuple[Edit, ...] = (
         "supports_combination asks the same validation as start-up",
     ),
     # ---- triton: the portable kernel where FlashInfer has none
+    Edit(
+        FLASHINFER,
+        f"{FI_BACKEND}.supports_compute_capability",
+        REPLACE,
+        "capability.to_int() >= sparse_mla_pages.TRITON_MIN_CAPABILITY",
+        TRITON,
+        "the backend runs from SM89 on, through the Triton kernel off Blackwell",
+        anchor="capability.major in [10, 12]",
+    ),
     Edit(
         FLASHINFER,
         "",

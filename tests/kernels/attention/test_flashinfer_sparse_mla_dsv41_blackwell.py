@@ -483,7 +483,7 @@ def test_sm12x_upstream_swa_page_refused_negotiated_page_served(
     kernel for the 32-token SWA page upstream vLLM builds, and serves the page
     the policy negotiates."""
     plan = _plan()
-    if plan.compressed_states is None:
+    if plan.fixed_page is None:
         pytest.skip(
             f"{plan.envelope.source if plan.envelope else 'FlashInfer'} takes "
             "page sizes at run time: upstream's 32-token page is not refused"
@@ -540,16 +540,12 @@ def _forward_on_gpu(
         if case.cls == "sm120"
         else fi.DeepseekV4FlashInferMLAAttention
     )
-    geometry = policy.negotiate_for_model(
+    geometry = policy.negotiate(
         capability,
-        SimpleNamespace(
-            num_attention_heads=case.heads,
-            sliding_window=WINDOW,
-            compress_ratios=[case.ratio],
-        ),
         fi.DeepseekV4FlashInferMLASparseBackend.paged_backends(),
-        tensor_parallel_size=1,
+        num_local_heads=case.heads,
         kv_cache_dtype="fp8" if case.kv in ("packed", "fp8") else "auto",
+        swa_topk=WINDOW,
     )
     kernel = force_kernel or geometry.kernel
     seed = random.SystemRandom().randrange(2**31)

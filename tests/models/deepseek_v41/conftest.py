@@ -29,6 +29,6 @@ def set_capability(monkeypatch):
 def fresh_flashinfer_probe():
     from vllm.models.deepseek_v41.nvidia import sparse_mla_pages
 
-    sparse_mla_pages._installed_sm120.cache_clear()
+    sparse_mla_pages.installed_sm120_envelope.cache_clear()
     yield
-    sparse_mla_pages._installed_sm120.cache_clear()
+    sparse_mla_pages.installed_sm120_envelope.cache_clear()

@@ -57,7 +57,7 @@ def deepgemm_on_gpu(monkeypatch):
     monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
     monkeypatch.setattr("vllm.utils.import_utils.has_deep_gemm", lambda: True)
     indexer_pages.confirm_indexer_pages.cache_clear()
-    yield lambda takes: monkeypatch.setattr(indexer_pages, "_deepgemm_takes", takes)
+    yield lambda takes: monkeypatch.setattr(indexer_pages, "deepgemm_takes", takes)
     indexer_pages.confirm_indexer_pages.cache_clear()
 
 
@@ -69,5 +69,5 @@ def test_pages_deepgemm_refuses_fail_while_the_model_is_built(deepgemm_on_gpu):
 
 def test_pages_deepgemm_takes_are_confirmed(deepgemm_on_gpu):
     deepgemm_on_gpu(lambda states: states == STATES_PER_PAGE)
-    pages = indexer_pages.confirm_indexer_pages(indexer_pages.DeviceCapability(12, 0))
-    assert pages.states_per_page == STATES_PER_PAGE
+    # No error: the model build goes on.
+    indexer_pages.confirm_indexer_pages(indexer_pages.DeviceCapability(12, 0))

@@ -5,7 +5,6 @@ installed FlashInfer, and the backends and caches that take its pages."""
 
 import importlib.util
 import re
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +15,6 @@ from tests.v1.attention.dsv41.flashinfer_release import (
     FIXED_SM120_PAGE,
     RUNTIME_MAX_HEADS,
     RUNTIME_MIN_TOPK,
-    decode_config_stand_in,
     fixed_pages,
     runtime_pages,
 )
@@ -51,8 +49,8 @@ def test_envelope_matches_flashinfer_tables():
     )
     pairs = {(int(h), int(k)) for h, k in re.findall(r"\((\d+), (\d+)\)", table[1])}
     envelope = policy.installed_sm120_envelope()
-    assert envelope is not None
-    assert envelope.page_sizes == {page} == {64}
+    assert isinstance(envelope, policy.SM120Envelope)
+    assert envelope.page == page == 64
     for heads in range(1, 140):
         for topk in (64, 128, 192, 200, 256, 512, 1024, 2048):
             assert envelope.serves(heads, topk) == ((heads, topk) in pairs)
@@ -89,12 +87,8 @@ def test_broken_flashinfer_configuration_is_not_a_silent_fallback(
     def broken():
         raise RuntimeError("libflashinfer.so: cannot open shared object file")
 
-    monkeypatch.setattr(policy, "_read_dispatch_table", lambda version: None)
-    monkeypatch.setitem(
-        sys.modules,
-        "flashinfer.mla",
-        SimpleNamespace(supported_sparse_mla_sm120_configs=broken),
-    )
+    monkeypatch.setattr(policy, "_fixed_page_envelope", lambda version: None)
+    monkeypatch.setattr("vllm.utils.flashinfer.has_flashinfer_sparse_mla_sm120", broken)
     with pytest.raises(RuntimeError, match="libflashinfer.so"):
         policy.plan_pages(SM120)
 
@@ -114,14 +108,13 @@ def test_older_architectures_are_refused(capability):
 def test_installed_runtime_page_flashinfer_keeps_upstream_pages(capability):
     """FlashInfer 0.7's own configuration API, no stand-in."""
     envelope = policy.installed_sm120_envelope()
-    assert envelope is not None and envelope.page_sizes is None
-    assert "supported_sparse_mla_sm120_configs" in envelope.source
+    assert isinstance(envelope, policy.SM120Envelope) and envelope.page is None
     plan = policy.plan_pages(capability)
     assert plan.kernel == policy.SparseMLAKernel.FLASHINFER_SM120
     assert plan.swa_block_size == 32  # upstream's page, which the kernels take
     assert plan.compressed_block_size(1) is None
-    # --block-size pages the compressed KV; its kernels run 64-token blocks.
-    assert plan.kernel_block_sizes() == [64]
+    # --block-size pages the compressed KV; the backend's own kernel pages.
+    assert plan.kernel_block_sizes() == []
 
 
 @runtime_pages
@@ -141,28 +134,22 @@ def test_installed_runtime_page_flashinfer_keeps_upstream_pages(capability):
 )
 def test_installed_runtime_envelope_limits(heads, topk, served):
     envelope = policy.installed_sm120_envelope()
-    assert envelope is not None
+    assert isinstance(envelope, policy.SM120Envelope)
     assert envelope.serves(heads, topk) is served
 
 
 def test_runtime_page_flashinfer_keeps_upstream_pages():
-    envelope = policy.SM120Envelope.from_decode_config(
-        "0.7.2", decode_config_stand_in()
-    )
+    envelope = policy.SM120Envelope("0.7.2", None, lambda heads, topk: True)
     plan = policy.plan_pages(SM120, envelope)
-    assert envelope.page_sizes is None
     assert plan.kernel is policy.SparseMLAKernel.FLASHINFER_SM120
     assert plan.swa_block_size == 32
     assert plan.compressed_block_size(1) is None
     assert plan.compressed_block_size(2) is None
 
 
-def test_fixed_page_decode_config_sets_pages():
-    config = decode_config_stand_in(
-        page_block_size_is_runtime=False, page_block_sizes=frozenset({64, 128})
-    )
+def test_fixed_page_envelope_sets_pages():
     plan = policy.plan_pages(
-        SM120, policy.SM120Envelope.from_decode_config("0.7", config)
+        SM120, policy.SM120Envelope("0.6", 64, lambda heads, topk: True)
     )
     assert plan.swa_block_size == 64
     assert plan.compressed_block_size(2) == 128

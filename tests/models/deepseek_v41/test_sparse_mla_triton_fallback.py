@@ -3,7 +3,7 @@
 """The portable Triton kernel runs DeepSeek V4.1's sparse MLA only where no
 FlashInfer kernel serves the model, and the plan says why."""
 
-import sys
+import importlib.metadata
 
 import pytest
 import torch
@@ -18,13 +18,7 @@ from tests.v1.attention.dsv41.flashinfer_release import (
 from tests.v1.attention.dsv41.sm12x_pages import force_sm12x_pages
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
-from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
-    DeepseekV4FlashInferSM120Attention,
-)
 from vllm.platforms.interface import DeviceCapability
-
-# vLLM's own padding of a GPU's heads to a count the sparse-MLA kernels take.
-PAD_HEADS = DeepseekV4FlashInferSM120Attention.get_padded_num_q_heads
 
 MLA = fi.DeepseekV4FlashInferMLASparseBackend
 SWA120 = fi.DeepseekSparseSWAFlashInferSM120Backend
@@ -32,16 +26,30 @@ SM90, SM100, SM103 = DeviceCapability(9, 0), DeviceCapability(10, 0), (10, 3)
 SM120, SM121 = DeviceCapability(12, 0), DeviceCapability(12, 1)
 
 
-def _negotiate_fp8(capability, swa_topks, heads=64, envelope=None):
+def _negotiate_fp8(capability, swa_topk, heads=64, envelope=None):
     """The plan for a model of ``heads`` heads per GPU on an FP8 cache."""
     return policy.negotiate(
         capability,
-        pad_heads=PAD_HEADS,
+        MLA.paged_backends(),
         num_local_heads=heads,
         kv_cache_dtype="fp8",
-        swa_topks=swa_topks,
+        swa_topk=swa_topk,
         envelope=envelope,
     )
+
+
+def _flashinfer_version(monkeypatch, version):
+    """Make the installed flashinfer-python read as ``version`` (None: absent)."""
+    real = importlib.metadata.version
+
+    def version_of(name):
+        if name != "flashinfer-python":
+            return real(name)
+        if version is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return version
+
+    monkeypatch.setattr(importlib.metadata, "version", version_of)
 
 
 @pytest.mark.parametrize("capability", [SM90, DeviceCapability(8, 9)])
@@ -55,25 +63,24 @@ def test_gpus_without_flashinfer_kernels_run_triton(capability):
 def test_sm12x_without_flashinfer_runs_triton_and_says_why(
     monkeypatch, fresh_flashinfer_probe
 ):
-    monkeypatch.setattr(policy, "_flashinfer_version", lambda: None)
-    geometry = _negotiate_fp8(SM120, [128])
+    _flashinfer_version(monkeypatch, None)
+    geometry = _negotiate_fp8(SM120, 128)
     assert geometry.kernel == policy.SparseMLAKernel.TRITON
     assert geometry.note.startswith("FlashInfer is not installed")
     assert "portable Triton kernel" in geometry.note
 
 
-def test_flashinfer_without_sm120_configs_is_said_with_its_error(
-    monkeypatch, fresh_flashinfer_probe
-):
-    """A FlashInfer with neither fixed tables nor the configuration API runs
-    the Triton kernel and the note names why."""
-    monkeypatch.setattr(policy, "_flashinfer_version", lambda: "0.7.9")
-    monkeypatch.setattr(policy, "_read_dispatch_table", lambda version: None)
-    monkeypatch.setitem(sys.modules, "flashinfer.mla", None)  # import fails
+def test_flashinfer_without_sm120_kernels_is_said(monkeypatch, fresh_flashinfer_probe):
+    """A FlashInfer with neither fixed tables nor SM120 sparse-MLA kernels
+    runs the Triton kernel and the note names why."""
+    _flashinfer_version(monkeypatch, "0.7.9")
+    monkeypatch.setattr(policy, "_fixed_page_envelope", lambda version: None)
+    monkeypatch.setattr(
+        "vllm.utils.flashinfer.has_flashinfer_sparse_mla_sm120", lambda: False
+    )
     plan = policy.plan_pages(SM121)
     assert plan.kernel is policy.SparseMLAKernel.TRITON
-    assert "flashinfer 0.7.9 offers no SM120 sparse-MLA configuration" in plan.note
-    assert "ModuleNotFoundError" in plan.note
+    assert "flashinfer 0.7.9 has no SM120 sparse-MLA kernels" in plan.note
     # Off SM12x nothing about FlashInfer's SM120 kernels is said.
     assert policy.plan_pages(SM90).note is None
 
@@ -85,35 +92,34 @@ def test_refusals_name_the_gpus_the_triton_kernel_runs_on():
 
 @runtime_pages
 def test_shapes_the_fixed_tables_lacked_run_flashinfer():
-    for topks in ([1152], [384], [128, 160]):
-        geometry = _negotiate_fp8(SM120, topks)
-        assert geometry.kernel == policy.SparseMLAKernel.FLASHINFER_SM120, topks
+    for topk in (1152, 384, 160):
+        geometry = _negotiate_fp8(SM120, topk)
+        assert geometry.kernel == policy.SparseMLAKernel.FLASHINFER_SM120, topk
         assert geometry.note is None
 
 
 def test_runtime_topk_flashinfer_serves_any_topk():
-    envelope = policy.SM120Envelope.from_decode_config(
-        "0.7.2", decode_config_stand_in()
+    envelope = policy.SM120Envelope(
+        "flashinfer 0.7.2", None, decode_config_stand_in().supports_decode
     )
-    negotiated = _negotiate_fp8(SM120, [128, 200], envelope=envelope)
+    negotiated = _negotiate_fp8(SM120, 200, envelope=envelope)
     assert negotiated.kernel is policy.SparseMLAKernel.FLASHINFER_SM120
     assert negotiated.note is None
 
 
 @fixed_pages
-def test_unserved_topk_falls_back_to_triton_naming_the_supported_values():
-    geometry = _negotiate_fp8(SM120, [128, 160])
+def test_unserved_topk_falls_back_to_triton_naming_the_shape():
+    geometry = _negotiate_fp8(SM120, 160)
     assert geometry.kernel == policy.SparseMLAKernel.TRITON
     # Pages stay FlashInfer's, so the cache geometry does not depend on it.
     assert geometry.swa_block_size == 64
     reason = geometry.note
-    assert "top-k [160]" in reason
-    assert "[128, 192, 256, 512, 1024]" in reason
+    assert "64 heads with top-k 160" in reason
     assert "0.6.18" in reason
 
 
 def test_served_topk_runs_flashinfer():
-    geometry = _negotiate_fp8(SM121, [128], heads=16)
+    geometry = _negotiate_fp8(SM121, 128, heads=16)
     assert (geometry.kernel, geometry.note) == (
         policy.SparseMLAKernel.FLASHINFER_SM120,
         None,
@@ -153,7 +159,7 @@ def test_unserved_shape_negotiates_the_triton_kernel(set_capability, single_gpu)
     set_capability(12, 0)
     geometry = MLA.negotiate(vllm_config_stand_in(cache_dtype="fp8", spec_tokens=200))
     assert geometry.kernel == policy.SparseMLAKernel.TRITON
-    assert "top-k [384]" in geometry.note
+    assert "top-k 384" in geometry.note
     assert geometry.swa_block_size == 64
     # The SM120 layer's shape probe asks the geometry, which serves it.
     assert geometry.serves(64, 384)
@@ -177,7 +183,6 @@ def test_reported_missing_shape_runs_flashinfer(set_capability, single_gpu):
     config.model_config.hf_config.sliding_window = 1152
     geometry = MLA.negotiate(config)
     assert geometry.kernel == policy.SparseMLAKernel.FLASHINFER_SM120
-    assert geometry.swa_topks == (1152,)
     assert geometry.swa_block_size == 32
 
 

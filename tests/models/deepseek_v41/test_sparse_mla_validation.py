@@ -11,14 +11,8 @@ from tests.models.deepseek_v41.layer_config import vllm_config_stand_in
 from tests.v1.attention.dsv41.flashinfer_release import runtime_pages
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
-from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
-    DeepseekV4FlashInferSM120Attention,
-)
 from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
 from vllm.platforms.interface import DeviceCapability
-
-# vLLM's own padding of a GPU's heads to a count the sparse-MLA kernels take.
-PAD_HEADS = DeepseekV4FlashInferSM120Attention.get_padded_num_q_heads
 
 MLA = fi.DeepseekV4FlashInferMLASparseBackend
 SWA120 = fi.DeepseekSparseSWAFlashInferSM120Backend
@@ -35,10 +29,10 @@ def test_heads_pad_to_the_next_supported_count(total_heads, tp):
     expected = max(8, 1 << (local - 1).bit_length())  # next power of two >= 8
     geometry = policy.negotiate(
         SM120,
-        pad_heads=PAD_HEADS,
+        MLA.paged_backends(),
         num_local_heads=local,
         kv_cache_dtype="fp8_ds_mla",
-        swa_topks=[128],
+        swa_topk=128,
     )
     assert geometry.padded_heads == expected
     assert expected in (8, 16, 32, 64, 128)
@@ -49,10 +43,10 @@ def test_more_than_128_local_heads_are_refused(heads):
     with pytest.raises(policy.UnsupportedSparseMLAConfig) as e:
         policy.negotiate(
             SM100,
-            pad_heads=PAD_HEADS,
+            MLA.paged_backends(),
             num_local_heads=heads,
             kv_cache_dtype="auto",
-            swa_topks=[128],
+            swa_topk=128,
         )
     message = str(e.value)
     assert str(heads) in message
@@ -170,7 +164,6 @@ def test_an_unset_block_size_is_not_refused(set_capability, single_gpu):
         # 256 too where vLLM maps packed blocks to kernel pages at binding.
         ((10, 0), vllm_config_stand_in(block_size=192), r"Use one of \[128(, 256)?\]"),
         ((8, 0), vllm_config_stand_in(cache_dtype="fp8"), "this GPU is SM80"),
-        ((12, 0), vllm_config_stand_in(heads=0), "0 attention heads"),
     ],
 )
 def test_unserved_configs_fail_before_the_layer_builds_anything(

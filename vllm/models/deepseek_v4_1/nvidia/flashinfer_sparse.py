@@ -1,12 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The FlashInfer sparse-MLA backend under its pre-0.30.0 import path.
+"""The FlashInfer sparse-MLA backend under its pre-0.30.0 import path: the
+objects of ``vllm.models.deepseek_v41.nvidia.flashinfer_sparse`` themselves."""
 
-The classes live in ``vllm.models.deepseek_v41.nvidia.flashinfer_sparse``;
-these are the same objects, not copies or subclasses.
-"""
-
-from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (  # noqa: F401
     DeepseekSparseSWAFlashInferBackend,
     DeepseekSparseSWAFlashInferMetadataBuilder,
     DeepseekSparseSWAFlashInferSM120Backend,
@@ -15,13 +12,3 @@ from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
     DeepseekV4FlashInferSM120Attention,
     DeepseekV4FlashInferSparseMLAMetadataBuilder,
 )
-
-__all__ = [
-    "DeepseekSparseSWAFlashInferBackend",
-    "DeepseekSparseSWAFlashInferMetadataBuilder",
-    "DeepseekSparseSWAFlashInferSM120Backend",
-    "DeepseekV4FlashInferMLAAttention",
-    "DeepseekV4FlashInferMLASparseBackend",
-    "DeepseekV4FlashInferSM120Attention",
-    "DeepseekV4FlashInferSparseMLAMetadataBuilder",
-]

@@ -1,0 +1,49 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Property: the report's check of a whole model answers with a plan or with
+start-up's error for any values a config or a command line can hold; never
+with another exception."""
+
+from types import SimpleNamespace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
+from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+    DeepseekV4FlashInferMLASparseBackend as MLA,
+)
+from vllm.platforms.interface import DeviceCapability
+from vllm_dsv41_plan import report
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    major=st.integers(5, 14),
+    heads=st.integers(-4, 300),
+    window=st.integers(-2, 5000),
+    ratios=st.lists(st.integers(0, 5), min_size=1, max_size=6),
+    tp=st.integers(-2, 64),
+    spec=st.one_of(st.none(), st.integers(0, 300)),
+    non_causal=st.booleans(),
+)
+def test_model_validation_answers_or_refuses(
+    major, heads, window, ratios, tp, spec, non_causal
+):
+    hf_config = SimpleNamespace(
+        num_attention_heads=heads, sliding_window=window, compress_ratios=ratios
+    )
+    try:
+        report.check_model_shape(hf_config, tp)
+        geometry = policy.negotiate(
+            DeviceCapability(major, 0),
+            MLA.paged_backends(),
+            num_local_heads=heads // tp,
+            kv_cache_dtype="auto",
+            swa_topk=policy.swa_topk(window, non_causal, spec),
+        )
+    except policy.UnsupportedSparseMLAConfig:
+        return
+    assert heads > 0 and window > 0 and tp >= 1 and heads % tp == 0
+    assert set(ratios) <= {0, 1, 2}
+    assert geometry.padded_heads >= heads // tp
