@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Hundreds of decode steps of DeepSeek V4.1's two-segment attention layers,
-driven by vLLM's own block tables, slot mappings and metadata builders.
+driven by a model runner's block tables and slot mappings and by vLLM's own
+metadata builders.
 
 A small scheduler admits requests of different prompt lengths, prefills each
 in one step, decodes every running request one token per step and retires
@@ -11,7 +12,7 @@ reused pages. Three layers share each step, as in the model: sliding window
 only (ratio 0), and compressed KV at ratios 1 and 2, each compressed ratio in
 its own cache group, all layers over one SWA group.
 
-Per step, vLLM's ``BlockTable`` computes the SWA slots, the compressed-KV
+Per step, the page table (``PageTable``) gives the SWA slots, the compressed-KV
 builder computes the compressed slots (its own slot-mapping kernel for
 ratio 2), and the SWA builder computes the window indices; the KV rows of
 the step's tokens are written at those slots, the indexer's top-k is drawn
@@ -34,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import inspect
 import json
 import random
 import sys
@@ -200,21 +200,51 @@ def _vllm_config(pages: Pages) -> SimpleNamespace:
     )
 
 
-def _block_table(tokens_per_page: int, max_len: int, device: torch.device):
-    from vllm.v1.worker.block_table import BlockTable
+class PageTable:
+    """The block table and slot mapping of one KV-cache group, as the model
+    runner hands them to the builders: a row of page ids per request, dense
+    rows, and each scheduled token's slot (page id * page tokens + offset)."""
 
-    wanted = {
-        "block_size": tokens_per_page,
-        "max_num_reqs": MAX_REQS,
-        "max_num_blocks_per_req": -(-max_len // tokens_per_page) + 1,
-        "max_num_batched_tokens": MAX_BATCHED_TOKENS,
-        "pin_memory": False,
-        "device": device,
-        "kernel_block_size": tokens_per_page,
-        "cp_kv_cache_interleave_size": 1,
-    }
-    accepted = inspect.signature(BlockTable.__init__).parameters
-    return BlockTable(**{k: v for k, v in wanted.items() if k in accepted})
+    def __init__(self, tokens_per_page: int, max_len: int, device: torch.device):
+        self.tokens_per_page, self.device = tokens_per_page, device
+        max_pages = -(-max_len // tokens_per_page) + 1
+        self.rows = torch.zeros((MAX_REQS, max_pages), dtype=torch.int32)
+        self.lengths = [0] * MAX_REQS
+        # Persistent device buffers: captured CUDA graphs read them in place.
+        self.device_rows = torch.zeros_like(self.rows, device=device)
+        self.slot_mapping = torch.zeros(
+            MAX_BATCHED_TOKENS, dtype=torch.int64, device=device
+        )
+
+    def append_row(self, pages: list[int], row: int) -> None:
+        start = self.lengths[row]
+        self.rows[row, start : start + len(pages)] = torch.tensor(pages)
+        self.lengths[row] += len(pages)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.rows[dst] = self.rows[src]
+        self.lengths[dst] = self.lengths[src]
+        self.clear_row(src)
+
+    def clear_row(self, row: int) -> None:
+        self.rows[row] = 0
+        self.lengths[row] = 0
+
+    def get_device_tensor(self, num_reqs: int) -> torch.Tensor:
+        self.device_rows[:num_reqs].copy_(self.rows[:num_reqs])
+        return self.device_rows[:num_reqs]
+
+    def compute_slot_mapping(
+        self, num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor
+    ) -> None:
+        starts = query_start_loc.cpu().tolist()
+        request = torch.repeat_interleave(
+            torch.arange(num_reqs), torch.tensor(starts[1:]) - torch.tensor(starts[:-1])
+        )
+        pos = positions.cpu().long()
+        pages = self.rows[request, pos // self.tokens_per_page].long()
+        slots = pages * self.tokens_per_page + pos % self.tokens_per_page
+        self.slot_mapping[: len(slots)] = slots.to(self.device)
 
 
 class World:
@@ -249,7 +279,7 @@ class World:
             # more: later requests must take pages retired ones gave back.
             first = schedule.requests[: schedule.running]
             num_pages = sum(-(-(p + d) // tokens) for p, d in first) + 1
-            self.tables[group] = _block_table(tokens, max_len, device)
+            self.tables[group] = PageTable(tokens, max_len, device)
             self.pools[group] = PagePool(num_pages, self.rng)
             stride = -(-per_page * PACKED_RECORD // PACKED_ALIGN) * PACKED_ALIGN
             self.caches[group] = alloc_fp8_ds_mla_pool(
@@ -382,7 +412,6 @@ def _common_metadata(world: World, group: int, batch, num_tokens: int):
         [0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32
     )
     table = world.tables[group]
-    table.commit_block_table(num_reqs)
     table.compute_slot_mapping(
         num_reqs, world.qsl[: num_reqs + 1], world.positions[:num_tokens]
     )
@@ -395,7 +424,7 @@ def _common_metadata(world: World, group: int, batch, num_tokens: int):
         max_query_len=max(q_lens),
         max_seq_len=max(seqs),
         block_table_tensor=table.get_device_tensor(num_reqs),
-        slot_mapping=table.slot_mapping.gpu[:num_tokens],
+        slot_mapping=table.slot_mapping[:num_tokens],
         seq_lens_cpu_upper_bound=torch.tensor(seqs, dtype=torch.int32),
     )
 
@@ -403,7 +432,7 @@ def _common_metadata(world: World, group: int, batch, num_tokens: int):
 def _write_kv(world: World, batch, num_tokens: int, metadata: dict) -> None:
     """Write each scheduled token's KV where vLLM's slot mappings say: its
     SWA row, and the compressed entry it completes in each compressed group."""
-    swa_slots = world.tables[0].slot_mapping.gpu[:num_tokens].cpu()
+    swa_slots = world.tables[0].slot_mapping[:num_tokens].cpu()
     rows = torch.cat([r.kv[r.computed : r.computed + q] for r, q in batch])
     write_fp8_ds_mla(world.caches[0], swa_slots.to(world.device), rows.to(world.device))
     for ratio in RATIOS[1:]:

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Hundreds of steps of DeepSeek V4.1's two-segment layers (sliding window,
-compressed ratios 1 and 2), driven by vLLM's block tables, slot mappings and
-metadata builders, match dense float64 attention at every step, on the SM12x
+compressed ratios 1 and 2), driven by a page table and vLLM's metadata
+builders, match dense float64 attention at every step, on the SM12x
 pages and on upstream's (``many_step_decode``), on CPU.
 
 The sparse-MLA kernel is the reference of its contract and vLLM's Triton
@@ -23,14 +23,6 @@ import pytest
 
 from tests.v1.attention.dsv41 import many_step_decode as msd
 from tests.v1.attention.dsv41.many_step_decode import PLANS, check
-
-# The driver steps vLLM's BlockTable of the v1 worker; a vLLM whose block
-# tables moved to the GPU model runner (BlockTables) is not driven yet.
-pytest.importorskip(
-    "vllm.v1.worker.block_table",
-    reason="the many-step driver uses vllm.v1.worker.block_table.BlockTable, "
-    "which this vLLM replaced with v1/worker/gpu/block_table.BlockTables",
-)
 
 REPO = Path(__file__).resolve().parents[4]
 # The reference is exact up to its BF16 output (unit roundoff 2^-8).
