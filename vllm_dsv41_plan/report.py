@@ -71,11 +71,11 @@ REQUIRED_FIELDS = {
     "index_source_layer_ids": list,
     "index_head_dim": int,
 }
-# The packed records DeepseekV4Attention.__init__ gives its caches: the V4.1
-# MXFP8 record on SM10x (bytes per token, page alignment), the V4 record
-# elsewhere. The layer inlines these numbers and chooses by asking the
-# platform (_use_v41_mxfp8_kv_record), so they are restated here and chosen
-# by the capability given; tests/plan_report holds them against the layers.
+# The packed records DeepseekV4Attention.__init__ gives its caches (bytes per
+# token, page alignment): the V4.1 MXFP8 record where the layer's
+# _use_v41_mxfp8_kv_record says so, the V4 record elsewhere. The layer inlines
+# these numbers, so they are restated here; tests/plan_report holds them
+# against the layers.
 MXFP8_RECORD = (528, 512)
 V4_RECORD = (584, 576)
 
@@ -113,16 +113,19 @@ class Plan:
 
 
 def attention_class_for(plan: "pages.SparseMLAPlan") -> type:
-    """The layer ``FLASHINFER_MLA_SPARSE_DSV41`` builds for ``plan``
-    (``_select_dsv4_attn_cls``, which asks the platform; here the plan's
-    kernel decides): TRTLLM-gen's layer for the TRTLLM-gen kernel (SM10x),
-    the two-segment layer for FlashInfer's SM120 kernels and Triton."""
-    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
-    from vllm.models.deepseek_v41.nvidia.sparse_mla_pages import SparseMLAKernel
+    """The layer ``FLASHINFER_MLA_SPARSE_DSV41`` builds on the plan's GPU, as
+    vLLM's model chooses it (``_select_dsv4_attn_cls``)."""
+    from vllm.models.deepseek_v41.nvidia.model import _select_dsv4_attn_cls
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    if plan.kernel is SparseMLAKernel.TRTLLM_GEN:
-        return fi.DeepseekV4FlashInferMLAAttention
-    return fi.DeepseekV4FlashInferSM120Attention
+    config = SimpleNamespace(
+        attention_config=SimpleNamespace(
+            backend=AttentionBackendEnum.FLASHINFER_MLA_SPARSE_DSV41
+        ),
+        parallel_config=SimpleNamespace(prefill_context_parallel_size=1),
+    )
+    with capability_at_platform(plan.capability):
+        return _select_dsv4_attn_cls(config)  # type: ignore[arg-type]
 
 
 def resolve_kv_cache_dtype(
@@ -139,8 +142,11 @@ def resolve_kv_cache_dtype(
 
 def packed_record(capability: DeviceCapability) -> tuple[int, int]:
     """(bytes per token, page alignment) of the packed KV record the layer
-    writes on ``capability`` (the V4.1 MXFP8 record on the SM10x family)."""
-    return MXFP8_RECORD if capability.major == 10 else V4_RECORD
+    writes on ``capability``, chosen as the layer chooses it."""
+    from vllm.models.deepseek_v41.attention import _use_v41_mxfp8_kv_record
+
+    with capability_at_platform(capability):
+        return MXFP8_RECORD if _use_v41_mxfp8_kv_record() else V4_RECORD
 
 
 def kernel_block_sizes(
