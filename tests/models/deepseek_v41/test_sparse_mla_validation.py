@@ -180,3 +180,21 @@ def test_unserved_configs_fail_before_the_layer_builds_anything(
     )
     with pytest.raises(policy.UnsupportedSparseMLAConfig, match=match):
         cls(config, prefix="model.layers.1.attn")
+
+
+def test_start_up_names_the_kernel_and_pages_once(
+    set_capability, single_gpu, monkeypatch
+):
+    """One INFO line says what the layers run: the kernel and every page."""
+    logged = []
+    monkeypatch.setattr(
+        policy.logger, "info_once", lambda msg, *args: logged.append(msg % args)
+    )
+    set_capability(9, 0)
+    MLA.negotiate(vllm_config_stand_in(cache_dtype="fp8", block_size=64))
+    expected = (
+        "DeepSeek V4.1 sparse MLA on FLASHINFER_MLA_SPARSE_DSV41: triton kernel "
+        "on SM90; pages: sliding window 32 tokens, compressed KV --block-size "
+        "tokens, indexer K 64 states"
+    )
+    assert logged == [expected]

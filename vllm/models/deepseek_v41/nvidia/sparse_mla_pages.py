@@ -378,6 +378,17 @@ def negotiate_layer(vllm_config: VllmConfig, backends: PagedBackends) -> SparseM
     )
     if plan.note:
         logger.warning_once(plan.note)
+    fixed = plan.fixed_page
+    logger.info_once(
+        "DeepSeek V4.1 sparse MLA on %s: %s kernel on SM%d; pages: sliding "
+        "window %d tokens, compressed KV %s, indexer K %d states",
+        BACKEND_NAME,
+        plan.kernel.value,
+        capability.to_int(),
+        plan.swa_block_size,
+        f"{fixed} states" if fixed else "--block-size tokens",
+        indexer_pages.INDEXER_STATES,
+    )
     return plan
 
 
