@@ -81,7 +81,9 @@ def _fixed_page_envelope(version: str) -> SM120Envelope | None:
     if not (page and table):
         return None
     pairs = frozenset(ast.literal_eval(table[1].strip()))
-    return SM120Envelope(f"flashinfer {version}", int(page[1]), lambda *hk: hk in pairs)
+    return SM120Envelope(
+        f"flashinfer {version}", int(page[1]), lambda h, k: (h, k) in pairs
+    )
 
 
 @functools.cache
