@@ -190,11 +190,11 @@ def test_start_up_names_the_kernel_and_pages_once(
     monkeypatch.setattr(
         policy.logger, "info_once", lambda msg, *args: logged.append(msg % args)
     )
-    set_capability(9, 0)
-    MLA.negotiate(vllm_config_stand_in(cache_dtype="fp8", block_size=64))
+    set_capability(10, 0)
+    MLA.negotiate(vllm_config_stand_in(cache_dtype="fp8", block_size=128))
     expected = (
-        "DeepSeek V4.1 sparse MLA on FLASHINFER_MLA_SPARSE_DSV41: triton kernel "
-        "on SM90; pages: sliding window 32 tokens, compressed KV --block-size "
-        "tokens, indexer K 64 states"
+        "DeepSeek V4.1 sparse MLA on FLASHINFER_MLA_SPARSE_DSV41: "
+        "flashinfer-trtllm-gen kernel on SM100; pages: sliding window 32 "
+        "tokens, compressed KV --block-size tokens, indexer K 64 states"
     )
     assert logged == [expected]
