@@ -409,14 +409,15 @@ def make_plan(
     try:
         with capability_at_platform(capability):
             local_heads = check_model_shape(hf_config, tensor_parallel_size)
+            swa_topk = pages.swa_topk(
+                hf_config.sliding_window, use_non_causal, num_speculative_tokens
+            )
             plan = pages.negotiate(
                 capability,
                 backend.paged_backends(),
                 num_local_heads=local_heads,
                 kv_cache_dtype=kv_cache_dtype,
-                swa_topk=pages.swa_topk(
-                    hf_config.sliding_window, use_non_causal, num_speculative_tokens
-                ),
+                swa_topk=swa_topk,
                 block_size=block_size,
                 envelope=envelope,
             )
@@ -433,9 +434,7 @@ def make_plan(
     report.flashinfer = plan.envelope.source if plan.envelope else None
     report.padded_heads = plan.padded_heads
     report.kv_cache_dtype = cache_dtype
-    report.swa_topks = [
-        pages.swa_topk(hf_config.sliding_window, use_non_causal, num_speculative_tokens)
-    ]
+    report.swa_topks = [swa_topk]
     swa = specs["model.layers.0.attn.swa_cache"]
     report.caches.append(
         CachePlan(
