@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Time the Triton DSV4 sparse-MLA kernel against its roofline floor, a
-PyTorch gather + dequantize + matmul baseline and, where a build of it is given,
-FlashMLA's SM90 DeepSeek-V4 ("MODEL1") sparse FP8 decode on the same pages.
+PyTorch gather + dequantize + matmul baseline and the FlashMLA sparse FP8
+decode vLLM ships (where it loads: SM90, SM100), on the same pages.
 
 Decode: tokens {1, 2, 4, 8, 32, 128, 256} x heads {8, 16, 32, 64, 128}
 (DeepSeek V4.1 Flash's 64 heads at TP 8/4/2/1, and 128), each token with an
@@ -16,14 +16,13 @@ Accuracy of every kernel is against a float64 reference over the
 dequantised rows.
 
     python benchmarks/kernels/benchmark_dsv41_sparse_mla.py \
-        --out-dir benchmarks/results [--flashmla-module PATH] [--sweep]
+        --out-dir benchmarks/results [--check-targets] [--sweep]
 
-FlashMLA (``--flashmla-module``: an extension built outside this
-repository, see flashmla_peer.py) is timed on the same pools, slot ids,
-lengths and sinks, each token as its own batch entry; its per-batch
-planning (the scheduler kernel that get_mla_metadata's first call runs) is
-made once, outside the timed region, and so are its buffers and the padding
-of fewer than 64 heads to 64.
+FlashMLA (flashmla_peer.py) is timed in the same run on the same pools, slot
+ids, lengths and sinks, each token as its own batch entry as vLLM calls it;
+its per-step planning, its output buffer and the padding of fewer than 64
+heads to 64 are made once, outside the timed region. ``--check-targets``
+fails the run where a row's ratio to FlashMLA misses ``TARGETS``.
 
 Writes dsv41_sparse_mla_<gpu>.json and .md (and a roofline PNG where
 matplotlib is present; otherwise draw it later with
@@ -36,6 +35,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 
@@ -57,6 +57,10 @@ WINDOW = 128
 DSPARK_QUERY_TOKENS = 5
 PAGE = 64
 RECORD = 584
+# The least FlashMLA time / ours each decode row must reach, by heads
+# (FlashMLA pads fewer than 64 heads to 64), and each DSpark row.
+TARGETS = {8: 1.5, 16: 1.5, 32: 1.2, 64: 1.0, 128: 0.9}
+DSPARK_TARGET = 1.0
 
 
 def make_pool(num_pages: int, g: torch.Generator) -> torch.Tensor:
@@ -344,9 +348,32 @@ def point(
         row["flashmla_heads"] = 64 if heads <= 64 else 128
         # > 1: ours is faster.
         row["speed_vs_flashmla"] = t_peer / t_ms
+        row["target"] = target(kind, heads)
     x.clear()
     torch.cuda.empty_cache()
     return row
+
+
+def target(kind: str, heads: int) -> float | None:
+    """The ratio to FlashMLA a row must reach (None: no target)."""
+    if kind == "dspark":
+        return DSPARK_TARGET
+    return TARGETS.get(heads) if kind == "decode" else None
+
+
+def missed_targets(rows: list[dict]) -> list[str]:
+    """Each row with a target that it misses or has no FlashMLA time for."""
+    missed = []
+    for r in rows:
+        want = target(r["kind"], r["heads"])
+        got = r.get("speed_vs_flashmla")
+        if want is not None and (got is None or not got >= want):
+            have = "no FlashMLA time" if got is None else f"{got:.2f}"
+            missed.append(
+                f"{r['kind']} {r['tokens']} tokens x {r['heads']} heads: "
+                f"{have} < {want}"
+            )
+    return missed
 
 
 def _sweep_configs(tokens: int, heads: int) -> list[dict]:
@@ -436,8 +463,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "# DeepSeek V4.1 sparse MLA: Triton kernel on " + meta["gpu"],
         "",
         (
-            f"{meta['date']}; torch {meta['torch']}, triton {meta['triton']}"
-            + (f"; peer: {meta['flashmla']}" if peer else "")
+            f"{meta['date']}; {meta['gpu']}, driver {meta['driver']}; torch "
+            f"{meta['torch']}, Triton {meta['triton']}; commit {meta['commit']}"
+            + (f"; peer: FlashMLA of vLLM {meta['flashmla']}" if peer else "")
             + f". FP8 fp8_ds_mla records, SWA {SWA_CAP} + compressed top-k "
             f"{CMP_CAP} candidates per token, sinks on. Floor = max(bytes / "
             f"{PEAK_BW / 1e12:.1f} TB/s, flops / {PEAK_FLOPS / 1e12:.0f} TFLOP/s); "
@@ -453,34 +481,36 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         lines += [
             "",
             (
-                "FlashMLA: its SM90 MODEL1 sparse FP8 decode plus its split "
-                "combine, on the same pools, slot ids, lengths and sinks (each "
-                "token its own batch entry). Its per-batch planning (the "
-                "scheduler kernel of get_mla_metadata's first call), its buffers "
-                "and, for 16 heads, the padding to the 64 heads it needs are made "
-                "once, outside the timed region. vs FlashMLA = FlashMLA time / "
-                "ours (> 1: ours faster). torch = gather + dequantise + two "
-                "batched matmuls in PyTorch (baseline)."
+                "FlashMLA: the sparse FP8 decode vLLM ships (flash_mla_with_kvcache"
+                "), timed in this run on the same pools, slot ids, lengths and "
+                "sinks, each token its own batch entry (s_q = 1, DSpark's too) as "
+                "vLLM's FlashMLA layer calls it. Its per-step planning, output "
+                "buffer and the padding of fewer than 64 heads to 64 are made once, "
+                "outside the timed region. vs FlashMLA = FlashMLA time / ours (> 1: "
+                "ours faster); target: the least it must be. torch = gather + "
+                "dequantise + two batched matmuls in PyTorch (baseline)."
             ),
         ]
     lines += [
         "",
         (
             "| kind | tokens | heads | ours (us) | FlashMLA (us) | vs FlashMLA "
-            "| ours err | FlashMLA err | TFLOP/s | % of floor | torch (us) "
-            "| launch config |"
+            "| target | ours err | FlashMLA err | TFLOP/s | % of floor "
+            "| torch (us) | launch config |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['kind']} | {r['tokens']} | {r['heads']} | {r['time_us']:.1f} "
             f"| {_f(r, 'flashmla_us', '.1f')} "
-            f"| {_f(r, 'speed_vs_flashmla', '.2f')} "
+            f"| {_f(r, 'speed_vs_flashmla', '.2f')} | {_f(r, 'target', '.1f')} "
             f"| {r['rel_err_f64']:.1e} | {_f(r, 'flashmla_rel_err_f64', '.1e')} "
             f"| {r['tflops']:.1f} | {r['pct_of_floor']:.1f} "
             f"| {_f(r, 'torch_us', '.1f')} | {r['config']} |"
         )
+    missed = missed_targets(rows)
+    lines += ["", "Targets: " + ("; ".join(missed) if missed else "all met") + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -511,19 +541,28 @@ def _load_kernel(path: str):
     return load_kernel_module(path)
 
 
-def _load_peer(path: str | None):
-    if not path:
-        return None, None
+def _load_peer():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import flashmla_peer
 
-    try:
-        return flashmla_peer.FlashMLAPeer(flashmla_peer.load_module(path)), (
-            flashmla_peer.version(path)
-        )
-    except Exception as e:  # not built for this torch or GPU
-        print(f"FlashMLA peer not available: {type(e).__name__}: {e}")
+    interface, why = flashmla_peer.load()
+    if interface is None:
+        print(f"FlashMLA not available: {why}")
         return None, None
+    from importlib.metadata import version
+
+    return flashmla_peer.FlashMLAPeer(interface), version("vllm")
+
+
+def _driver() -> str:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return out.stdout.split()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return "unknown"
 
 
 DECODE_TOKENS = (1, 2, 4, 8, 32, 128, 256)
@@ -554,11 +593,13 @@ def main() -> None:
         help="get_dspark_swa_index_width(128, 5), where vLLM cannot be imported",
     )
     ap.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
+    ap.add_argument("--no-flashmla", action="store_true", help="skip the peer")
     ap.add_argument(
-        "--flashmla-module",
-        default=None,
-        help="a built FlashMLA peer extension (see flashmla_peer.py): time it",
+        "--check-targets",
+        action="store_true",
+        help="exit 1 where a row misses its ratio to FlashMLA (TARGETS)",
     )
+    ap.add_argument("--commit", default="unknown", help="the kernel's commit")
     ap.add_argument(
         "--kernel", default=None, help="time this copy of the kernel module instead"
     )
@@ -584,14 +625,16 @@ def main() -> None:
     _DSPARK_SWA_WIDTH = args.dspark_swa_width
     if args.kernel:
         K = _load_kernel(args.kernel)
-    peer, peer_version = _load_peer(args.flashmla_module)
+    peer, peer_version = (None, None) if args.no_flashmla else _load_peer()
 
     props = torch.cuda.get_device_properties(0)
     meta = dict(
         gpu=props.name,
         sms=props.multi_processor_count,
+        driver=_driver(),
         torch=torch.__version__,
         triton=triton.__version__,
+        commit=args.commit,
         python=platform.python_version(),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         peak_bw=PEAK_BW,
@@ -681,6 +724,8 @@ def main() -> None:
     except ImportError as e:
         print(f"no roofline PNG here ({e}); draw it from the JSON later")
     assert all(not math.isnan(r["rel_err_f64"]) for r in rows)
+    if args.check_targets and (missed := missed_targets(rows)):
+        sys.exit("targets missed:\n  " + "\n  ".join(missed))
 
 
 if __name__ == "__main__":

@@ -1,57 +1,41 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""FlashMLA's SM90 sparse FP8 decode (DeepSeek V4 "MODEL1" records) as the
-benchmark's peer, run on the benchmark's pools.
+"""The FlashMLA that vLLM ships, as the sparse-MLA benchmark's peer.
 
-FlashMLA is no part of this repository: neither its sources nor a build of
-them, nor a recipe for one. The benchmark takes an extension module built
-outside it (``--flashmla-module PATH``) that exposes ``plan(swa_lens,
-cmp_lens, heads, swa_topk, cmp_topk) -> (metadata, splits)`` and
-``decode(q, swa, swa_idx, swa_lens, sinks, cmp, cmp_idx, cmp_lens, metadata,
-splits, out, lse, o_acc, lse_acc, scale)`` over FlashMLA's MODEL1 kernels,
-where the compressed segment's ``cmp_lens``, ``cmp``, ``cmp_idx`` may be
-``None`` (``cmp_topk`` 0: SWA only, as DSpark's draft layer);
-``VERSIONS`` beside it names the FlashMLA and CUTLASS commits.
+vLLM's SM90 / SM100 DeepSeek V4.1 layers decode through FlashMLA's sparse
+FP8 kernel (``vllm._flashmla_C`` behind
+``vllm.third_party.flashmla.flash_mla_interface``) on the same 584-byte
+``fp8_ds_mla`` pages the Triton kernel reads. The peer calls it as vLLM's
+FlashMLA layer does: each query token its own batch entry (``s_q`` = 1,
+DSpark's tokens included), the SWA pool as the main cache and the compressed
+pool as the extra cache, per-entry top-k lengths and sinks, the heads padded
+to the 64 or 128 FlashMLA takes.
 """
-
-import importlib.util
-from importlib.machinery import ExtensionFileLoader
-from pathlib import Path
 
 import torch
 
 
-def load_module(path: str):
-    """The built extension at ``path``."""
-    spec = importlib.util.spec_from_loader(
-        "flashmla_peer", ExtensionFileLoader("flashmla_peer", path)
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def version(path: str) -> str:
-    """The FlashMLA and CUTLASS commits the module at ``path`` was built from."""
-    versions = Path(path).with_name("VERSIONS")
-    return versions.read_text().strip() if versions.exists() else "unknown"
+def load():
+    """vLLM's FlashMLA decode entry point, or the reason it is unavailable."""
+    try:
+        from vllm.third_party.flashmla import flash_mla_interface
+    except Exception as e:  # not built for this torch or GPU
+        return None, f"{type(e).__name__}: {e}"
+    return flash_mla_interface, None
 
 
 class FlashMLAPeer:
-    """FlashMLA's decode on the benchmark's inputs: each query token is its
-    own batch entry (s_q = 1) with its own top-k lengths; the SWA pool is
-    FlashMLA's main cache and the compressed pool its extra cache. FlashMLA
-    takes 64 or 128 heads only, so fewer heads run padded to 64 (zero
-    queries, -inf sinks), as they would in a serving stack; the padding is
-    made once, outside the timed region."""
+    """FlashMLA's decode on the benchmark's inputs. The head padding (zero
+    queries, -inf sinks), the output buffer and FlashMLA's scheduling (its
+    first call plans; vLLM plans once a step and reuses it across layers)
+    are made once, outside the timed region."""
 
-    def __init__(self, module) -> None:
-        self.mod = module
+    def __init__(self, interface) -> None:
+        self.fmla = interface
 
     def prepare(self, x: dict):
-        """Plan (FlashMLA's get_mla_metadata step) and allocate once; return
-        the per-step call, which is what gets timed, and its output view."""
+        """Return the per-step call, which is what gets timed; it returns
+        the output view of the real heads."""
         q = x["query"]
         tokens, heads, dim = q.shape
         padded = 64 if heads <= 64 else 128
@@ -59,40 +43,30 @@ class FlashMLAPeer:
         qp[:, 0, :heads] = q
         sinks = torch.full((padded,), float("-inf"), device=q.device)
         sinks[:heads] = x["sinks"]
-        has_cmp = x["cmp"] is not None
-        meta, splits = self.mod.plan(
-            x["swa_lens"],
-            x["cmp_lens"],
-            padded,
-            x["swa_idx"].shape[-1],
-            x["cmp_idx"].shape[-1] if has_cmp else 0,
-        )
-        parts = meta.shape[0]
         out = torch.empty_like(qp)
-        lse = torch.empty(tokens, 1, padded, device=q.device)
-        o_acc = torch.empty(tokens + parts, 1, padded, dim, device=q.device)
-        lse_acc = torch.empty(tokens + parts, 1, padded, device=q.device)
+        sched, _ = self.fmla.get_mla_metadata()
         swa = x["swa"].view(torch.uint8)
-        cmp = x["cmp"].view(torch.uint8) if has_cmp else None
+        cmp = None if x["cmp"] is None else x["cmp"].view(torch.uint8)
 
         def run() -> torch.Tensor:
-            self.mod.decode(
-                qp,
-                swa,
-                x["swa_idx"],
-                x["swa_lens"],
-                sinks,
-                cmp,
-                x["cmp_idx"],
-                x["cmp_lens"],
-                meta,
-                splits,
-                out,
-                lse,
-                o_acc,
-                lse_acc,
-                x["scale"],
+            self.fmla.flash_mla_with_kvcache(
+                q=qp,
+                k_cache=swa,
+                block_table=None,
+                cache_seqlens=None,
+                head_dim_v=dim,
+                tile_scheduler_metadata=sched,
+                softmax_scale=x["scale"],
+                is_fp8_kvcache=True,
+                indices=x["swa_idx"],
+                topk_length=x["swa_lens"],
+                attn_sink=sinks,
+                extra_k_cache=cmp,
+                extra_indices_in_kvcache=x["cmp_idx"],
+                extra_topk_length=x["cmp_lens"],
+                out=out,
             )
             return out[:, 0, :heads]
 
+        run()  # plans
         return run

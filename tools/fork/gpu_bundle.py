@@ -12,10 +12,13 @@ of pip's resolution of vLLM and FlashInfer (the base's dev venv) what the
 described host lacks or holds at a refused version, less torch's own
 requirements and ``LEFT_OUT``, has pip download those wheels for the host,
 and cuts them and the fork wheel, whole, into parts of one device call each.
-``install`` (standard library only) keeps parts as they arrive; with the last
-it has pip install everything with no index and reports what pip finds unmet
-and which compiled parts load. Nothing is stubbed. ``run`` runs a command
-with it from a copy of the checkout (whose ``vllm/`` would shadow it).
+A Triton older than the base's on the host gets the base's, stripped
+(``triton_wheel``), on its own path entry. ``install`` (standard library
+only) keeps parts as they arrive; with the last it has pip install
+everything with no index and reports what pip finds unmet and which
+compiled parts load. Nothing is stubbed. ``run`` runs a command with it from
+a copy of the checkout (whose ``vllm/`` would shadow it), the checkout's new
+modules copied over the installed ones.
 """
 
 import argparse
@@ -30,10 +33,12 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tools.fork.common import REPO, log, sha256_of
+from tools.fork import triton_wheel
+from tools.fork.common import NEW_MODULES, REPO, log, sha256_of
 
 MANIFEST = "bundle.json"
 CONTENTS = "contents.json"
+TRITON = "triton"
 REQUIREMENTS = "requirements.txt"
 WAITING = 3
 # A device call carries 64 MiB: a part and the checkout (about 6.5 MB).
@@ -135,7 +140,9 @@ def platform_tags(host: dict) -> list[str]:
 
 
 def plan(host: dict, venv_python: Path, host_file: Path) -> tuple[dict, dict]:
-    """(name -> version to ship, name -> why it stays out) for ``host``."""
+    """(name -> version to ship, name -> why it stays out) for ``host``. A
+    Triton the host lacks is shipped stripped (``triton_wheel``), apart from
+    the others."""
     from tools.fork.common import load_pin
 
     out = subprocess.run(
@@ -149,6 +156,8 @@ def plan(host: dict, venv_python: Path, host_file: Path) -> tuple[dict, dict]:
             continue
         if d["host_ok"]:
             out_why[name] = f"the host has {d['host']}"
+        elif name == TRITON:
+            ship[name] = d["version"]
         elif d["torch"] or name in torch_built:
             out_why[name] = "comes with the host's torch"
         else:
@@ -189,6 +198,10 @@ def build(host_file: Path, out: Path, part_bytes: int, venv: Path) -> dict:
             "--implementation", "cp", *platforms, "-d", wheels,
             *(f"{n}=={v}" for n, v in ship.items()), env=dict(os.environ),
         )  # fmt: skip
+        triton = None
+        if TRITON in ship:
+            triton = stripped_triton(next(wheels.glob(f"{TRITON}-*.whl")))
+            log(f"Triton {ship.pop(TRITON)} ships stripped: {triton.name}")
         requirements = "".join(f"{n}=={v}\n" for n, v in ship.items())
         (wheels / REQUIREMENTS).write_text(requirements)
         contents = {
@@ -198,6 +211,7 @@ def build(host_file: Path, out: Path, part_bytes: int, venv: Path) -> dict:
             "host": host_file.name,
             "python": host["python"],
             "shipped": ship,
+            "triton": triton and triton.name,
             "left_out": left_out,
         }
         Path(tmp, CONTENTS).write_text(json.dumps(contents, indent=1))
@@ -211,7 +225,11 @@ def build(host_file: Path, out: Path, part_bytes: int, venv: Path) -> dict:
             tar.add(Path(tmp, CONTENTS), CONTENTS, filter=same)
             tar.add(wheel, wheel.name, filter=same)
             for path in sorted(wheels.iterdir()):
+                if path.name.startswith(f"{TRITON}-"):
+                    continue
                 tar.add(path, f"wheels/{path.name}", filter=same)
+            if triton:
+                tar.add(triton, f"{TRITON}/{triton.name}", filter=same)
     parts = []
     with whole.open("rb") as f:
         while chunk := f.read(part_bytes):
@@ -223,6 +241,16 @@ def build(host_file: Path, out: Path, part_bytes: int, venv: Path) -> dict:
     whole.unlink()
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def stripped_triton(wheel: Path) -> Path:
+    """``wheel`` stripped, made once per wheel (compressing it takes minutes)."""
+    cache = REPO / ".cache" / "triton-stripped" / sha256_of(wheel)
+    if not (cache / wheel.name).exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            triton_wheel.strip(wheel, Path(tmp)).rename(cache / wheel.name)
+    return cache / wheel.name
 
 
 def collect(parts_dir: Path, state: Path) -> tuple[dict, list[str]]:
@@ -273,8 +301,14 @@ def install(manifest: dict, root: Path, target: Path) -> dict:
         # resolution is the one made for this host when the bundle was built.
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index"]
         pip += ["--find-links", str(wheels), "--no-deps", "--no-compile"]
-        pip += ["--target", str(target), str(root / manifest["wheel"])]
-        subprocess.run([*pip, "-r", str(wheels / REQUIREMENTS)], check=True)
+        wheel = str(root / manifest["wheel"])
+        subprocess.run(
+            [*pip, "--target", target, wheel, "-r", wheels / REQUIREMENTS], check=True
+        )
+        if manifest.get("triton"):
+            # Its own path entry, so that ``run --host-triton`` can leave it out.
+            triton = root / TRITON / manifest["triton"]
+            subprocess.run([*pip, "--target", target / TRITON, triton], check=True)
         make_site_dir(target)
         stamp.write_text(manifest["sha256"])
     env = environment(target, manifest)
@@ -310,15 +344,35 @@ def make_site_dir(target: Path) -> None:
     )
 
 
-def environment(target: Path, manifest: dict) -> dict[str, str]:
+def environment(
+    target: Path, manifest: dict, host_triton: bool = False
+) -> dict[str, str]:
     env = dict(os.environ, VLLM_FORK_BASE=manifest["base"])
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(target), env.get("PYTHONPATH")])
-    )
+    paths = [str(target), env.get("PYTHONPATH")]
+    if manifest.get("triton") and not host_triton:
+        paths.insert(0, str(target / TRITON))
+        env.update(triton_wheel.environment())
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     return env
 
 
-def run_here(state: Path, target: Path, command: list[str]) -> int:
+def refresh_new_modules(target: Path) -> list[str]:
+    """Copy the checkout's new modules over the installed fork's where they
+    differ, as the dev venv links them: a changed kernel runs without a new
+    bundle. (Edits of upstream files still need one.)"""
+    changed = []
+    for src in sorted(NEW_MODULES.rglob("*.py")):
+        dst = target / "vllm" / src.relative_to(NEW_MODULES)
+        if not dst.exists() or dst.read_bytes() != src.read_bytes():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            changed.append(str(src.relative_to(REPO)))
+    return changed
+
+
+def run_here(
+    state: Path, target: Path, command: list[str], host_triton: bool = False
+) -> int:
     """``command`` with the installed bundle, from a copy of the checkout."""
     manifest = json.loads((state / MANIFEST).read_text())
     work = state / "checkout"
@@ -328,7 +382,9 @@ def run_here(state: Path, target: Path, command: list[str]) -> int:
         if (REPO / rel).is_dir():
             shutil.copytree(REPO / rel, work / rel, ignore=skip)
     shutil.copyfile(REPO / "pyproject.toml", work / "pyproject.toml")
-    env = environment(target, manifest)
+    for path in refresh_new_modules(target):
+        log(f"the checkout's {path} replaces the bundle's")
+    env = environment(target, manifest, host_triton)
     return subprocess.run(command, cwd=work, env=env).returncode
 
 
@@ -345,6 +401,9 @@ def main() -> None:
     i.add_argument("parts", type=Path, help=f"folder with {MANIFEST} and parts")
     r = sub.add_parser("run", help="run a command with the installed bundle")
     r.add_argument("command", nargs="+", help="after --: the command")
+    r.add_argument(
+        "--host-triton", action="store_true", help="the host's Triton, not the base's"
+    )
     for p in (i, r):
         p.add_argument("--state", type=Path, default=Path("/tmp/gpu-bundle"))
         p.add_argument("--target", type=Path, default=Path("/tmp/gpu-site"))
@@ -376,7 +435,7 @@ def main() -> None:
     elif not (args.state / MANIFEST).is_file():
         parser.error(f"{args.state} holds no bundle: run install first")
     else:
-        sys.exit(run_here(args.state, args.target, args.command))
+        sys.exit(run_here(args.state, args.target, args.command, args.host_triton))
 
 
 if __name__ == "__main__":

@@ -532,3 +532,36 @@ def test_repeated_calls_allocate_nothing(num_tokens: int, heads: int):
         run_kernel(q, segments, sinks, SM_SCALE, out=out)
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
     assert rel_err(out, reference(q, segments, SM_SCALE, sinks)) < RTOL
+
+
+@pytest.fixture
+def two_lane_workspace():
+    """vLLM's workspace manager with two lanes, as a worker running two
+    micro-batches has two owners of scratch."""
+    from vllm.v1.worker import workspace
+
+    workspace.init_workspace_manager(_device(), num_lanes=2)
+    yield workspace
+    workspace.reset_workspace_manager()
+
+
+def test_two_streams_at_once_keep_their_partials(two_lane_workspace):
+    """Two split decode calls of different inputs run concurrently on two
+    streams, each in its own workspace lane, many times over: each output
+    matches its own reference (one shared partial-result buffer would mix
+    the two calls' rows)."""
+    cases = [make_case(2, 64, "fp8", True, True, seed=s) for s in (47, 53)]
+    refs = [reference(q, seg, SM_SCALE, sinks) for q, seg, sinks in cases]
+    outs = [torch.full_like(q, float("nan")) for q, _, _ in cases]
+    streams = [torch.cuda.Stream() for _ in cases]
+    for _ in range(50):
+        for lane, ((q, seg, sinks), out, stream) in enumerate(
+            zip(cases, outs, streams, strict=True)
+        ):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), two_lane_workspace.use_workspace_lane(lane):
+                # num_splits: the split path, whatever the GPU's size.
+                run_kernel(q, seg, sinks, SM_SCALE, out=out, num_splits=10)
+    torch.cuda.synchronize()
+    for out, ref in zip(outs, refs, strict=True):
+        assert rel_err(out, ref) < RTOL

@@ -53,7 +53,7 @@ def kernels(monkeypatch):
     monkeypatch.setattr(module, "_sparse_mla_combine_kernel", Recorder())
     monkeypatch.setattr(module, "_num_sms", lambda index: H200_SMS)
     monkeypatch.setattr(module, "_max_shared_bytes", lambda index: 227 * 1024)
-    monkeypatch.setattr(module, "_workspaces", {})
+    monkeypatch.setattr(module, "_own_partials", {})
     monkeypatch.setattr(module, "_plans", {})
     return module
 
@@ -167,3 +167,52 @@ def test_float8_pools_go_to_the_kernel_unviewed(kernels):
     assert fp8_args[11].dtype == torch.float8_e4m3fn
     assert fp8_args[12:15] == bytes_args[12:15] == (64, 64 * RECORD, 576)
     assert fp8_consts == bytes_consts and fp8_consts["SWA_REC"] == 2
+
+
+@pytest.fixture
+def workspace():
+    """vLLM's workspace manager with two lanes (two owners of scratch, as
+    two micro-batches are)."""
+    from vllm.v1.worker import workspace
+
+    if not hasattr(workspace.WorkspaceManager, "get_persistent_resource"):
+        pytest.skip("this vLLM's workspace manager keeps no keyed resources")
+    workspace.init_workspace_manager(torch.device("cpu"), num_lanes=2)
+    yield workspace
+    workspace.reset_workspace_manager()
+
+
+def _partials_storage(kernels) -> int:
+    _, fwd_args, constants = kernels._sparse_mla_fwd_kernel.calls[-1]
+    assert constants["SPLIT"]
+    return fwd_args[6].untyped_storage().data_ptr()
+
+
+def test_partials_come_from_the_workspace_lane(kernels, workspace):
+    """Inside vLLM's workspace manager each lane's calls write their partial
+    rows into a buffer of that lane's, and a planned call still runs no
+    torch operator."""
+    args = call_args(1, 64)
+    storages = {}
+    for lane in (0, 1, 0, 1):
+        with workspace.use_workspace_lane(lane):
+            kernels.triton_sparse_mla_dsv41(**args)
+            storages.setdefault(lane, set()).add(_partials_storage(kernels))
+    assert all(len(s) == 1 for s in storages.values())
+    assert storages[0] != storages[1]
+    assert kernels._own_partials == {}
+    with workspace.use_workspace_lane(1), TorchOps() as later:
+        kernels.triton_sparse_mla_dsv41(**args)
+    assert later.ops == []
+
+
+def test_a_locked_workspace_refuses_a_new_lanes_partials(kernels, workspace):
+    """The buffer is the manager's own resource: once the manager is locked
+    (after warm-up), a lane that never ran the kernel gets the manager's
+    refusal instead of a new allocation."""
+    args = call_args(1, 64)
+    kernels.triton_sparse_mla_dsv41(**args)
+    workspace.lock_workspace()
+    kernels.triton_sparse_mla_dsv41(**args)  # lane 0 has its buffer
+    with workspace.use_workspace_lane(1), pytest.raises(AssertionError, match="lock"):
+        kernels.triton_sparse_mla_dsv41(**args)

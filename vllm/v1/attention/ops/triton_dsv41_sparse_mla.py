@@ -31,6 +31,10 @@ from dataclasses import dataclass
 import torch
 
 from vllm.triton_utils import tl, triton
+from vllm.v1.worker.workspace import (
+    current_workspace_manager,
+    is_workspace_manager_initialized,
+)
 
 _HEAD_DIM = 512
 _NOPE_DIM = 448
@@ -753,29 +757,65 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# Partial results of the split path live in one buffer per device, made
-# with the first plan there (vLLM's profiling run, before any CUDA graph is
-# captured) so that no call allocates. A split plan has at most
-# programs-per-SM x SMs programs of up to 64 (token, head) rows each (the
-# splits are cut only while the grid leaves SMs idle), so 64 rows per SM
-# bound it: 17 MB on a 132-SM H200. Calls on one device share it, which is
-# safe while they are ordered on one stream, as a model's layers are.
+# A split plan has at most programs-per-SM x SMs programs of up to 64
+# (token, head) rows each (the splits are cut only while the grid leaves SMs
+# idle), so 64 rows per SM bound its partial results: 17 MB on a 132-SM H200.
 _WORKSPACE_ROWS_PER_SM = 64
-_workspaces: dict[torch.device, torch.Tensor] = {}
 
 
-def _workspace(device: torch.device, rows: int) -> torch.Tensor:
-    """The device's partial-result buffer, float32, for at least ``rows``
-    (token, head, split) rows of 512 values and one log-sum-exp each."""
-    workspace = _workspaces.get(device)
-    if workspace is None or workspace.numel() < rows * (_HEAD_DIM + 1):
+class _Partials:
+    """A partial-result buffer (float32: 512 values and a log-sum-exp per
+    (token, head, split) row) and its views by (tokens, heads, splits), kept
+    so that a call makes no tensor."""
+
+    def __init__(self, device: torch.device) -> None:
         index = device.index if device.index is not None else 0
-        rows = max(rows, _WORKSPACE_ROWS_PER_SM * _num_sms(index))
-        workspace = torch.empty(
-            rows * (_HEAD_DIM + 1), dtype=torch.float32, device=device
+        self.device = device
+        self.rows = _WORKSPACE_ROWS_PER_SM * _num_sms(index)
+        self._alloc()
+
+    def _alloc(self) -> None:
+        self.buffer = torch.empty(
+            self.rows * (_HEAD_DIM + 1), dtype=torch.float32, device=self.device
         )
-        _workspaces[device] = workspace
-    return workspace
+        self._views: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
+
+    def views(self, shape: tuple[int, int, int]) -> tuple[torch.Tensor, ...]:
+        views = self._views.get(shape)
+        if views is None:
+            rows = shape[0] * shape[1] * shape[2]
+            if rows > self.rows:  # a split count set by hand (tests)
+                self.rows = rows
+                self._alloc()
+            views = (
+                self.buffer[: rows * _HEAD_DIM].view(*shape, _HEAD_DIM),
+                self.buffer[rows * _HEAD_DIM : rows * (_HEAD_DIM + 1)].view(shape),
+            )
+            self._views[shape] = views
+        return views
+
+
+_PARTIALS_KEY = "triton_dsv41_sparse_mla.partials"
+_own_partials: dict[torch.device, _Partials] = {}
+
+
+def _partials(device: torch.device) -> _Partials:
+    """The partial-result buffer of this call. Inside vLLM's workspace
+    manager each micro-batch and lane owns one, so concurrent micro-batches
+    never share it; calls of one owner are ordered on one stream, as a
+    model's layers are. The first call there (vLLM's profiling run, before
+    any CUDA graph is captured) makes it. Without the manager's keyed
+    resources (kernel tests, benchmarks) there is one per device."""
+    if is_workspace_manager_initialized():
+        manager = current_workspace_manager()
+        if hasattr(manager, "get_persistent_resource"):
+            return manager.get_persistent_resource(
+                (_PARTIALS_KEY, device), lambda: _Partials(device)
+            )
+    partials = _own_partials.get(device)
+    if partials is None:
+        partials = _own_partials[device] = _Partials(device)
+    return partials
 
 
 @dataclass(frozen=True)
@@ -795,8 +835,8 @@ class _LaunchPlan:
     cmp_index: tuple[int, int, int]
     chunks_per_split: int
     num_splits: int
-    part_out: torch.Tensor | None
-    part_lse: torch.Tensor | None
+    device: torch.device
+    partials: tuple[int, int, int] | None  # (tokens, heads, splits)
     constants: dict
     combine_grid: tuple[int, int, int] | None
     combine_constants: dict
@@ -887,18 +927,10 @@ def _plan(
     num_splits, chunks_per_split = _even_splits(num_chunks, num_splits)
 
     # Made here even for a plan that does not split, so that the first call
-    # on a device (the profiling run's) makes it.
-    rows = num_tokens * num_heads * num_splits
-    workspace = _workspace(device, rows if num_splits > 1 else 0)
-    part_out = part_lse = None
+    # (the profiling run's) makes it.
+    _partials(device)
     combine_grid, combine_constants = None, {}
     if num_splits > 1:
-        part_out = workspace[: rows * _HEAD_DIM].view(
-            num_tokens, num_heads, num_splits, _HEAD_DIM
-        )
-        part_lse = workspace[rows * _HEAD_DIM : rows * (_HEAD_DIM + 1)].view(
-            num_tokens, num_heads, num_splits
-        )
         sms = _num_sms(device_index)
         combine_bd = (
             128
@@ -926,8 +958,8 @@ def _plan(
         cmp_index=cmp_index,
         chunks_per_split=chunks_per_split,
         num_splits=num_splits,
-        part_out=part_out,
-        part_lse=part_lse,
+        device=device,
+        partials=(num_tokens, num_heads, num_splits) if num_splits > 1 else None,
         constants=dict(
             SWA_REC=fp8_rec if swa_fp8 else 0,
             HAS_CMP=has_cmp,
@@ -1030,8 +1062,9 @@ def _launch(
         cmp_pool, extra_sparse_indices = swa_kv_cache, sparse_indices
         extra_sparse_topk_lens = swa_topk_lens
     sinks_arg = query if sinks is None else sinks
-    part_out = out if plan.part_out is None else plan.part_out
-    part_lse = out if plan.part_lse is None else plan.part_lse
+    part_out = part_lse = out  # never read unless the plan splits
+    if plan.partials is not None:
+        part_out, part_lse = _partials(plan.device).views(plan.partials)
     swa_index, cmp_index = plan.swa_index, plan.cmp_index
     _sparse_mla_fwd_kernel[plan.grid](
         query,
