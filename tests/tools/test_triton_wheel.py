@@ -69,7 +69,8 @@ def test_stripped_wheel_keeps_the_compiler_and_records_it(tmp_path: Path) -> Non
     assert set(recorded) == names
     for name, data in {**KEPT, **METADATA}.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
-        assert recorded[name] == [f"sha256={digest.rstrip(b'=').decode()}", str(len(data))]
+        digest = digest.rstrip(b"=").decode()
+        assert recorded[name] == [f"sha256={digest}", str(len(data))]
 
 
 def test_pip_installs_the_stripped_wheel(tmp_path: Path) -> None:
