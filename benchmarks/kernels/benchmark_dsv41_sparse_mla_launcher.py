@@ -11,7 +11,11 @@ layers of one step call it; the first (planning) call is reported apart.
 before a change, say) in the same run, for a ratio.
 
     python benchmarks/kernels/benchmark_dsv41_sparse_mla_launcher.py \\
-        [--device cpu|cuda] [--baseline OLD.py] [--out results.json]
+        [--device cpu|cuda] [--workspace-manager] [--baseline OLD.py] \\
+        [--out results.json]
+
+``--workspace-manager`` runs the calls inside vLLM's workspace manager, as a
+worker does, so the lookup of the partial-result buffer is timed too.
 
 No GPU is needed: on the CPU the device queries are answered with an H200's
 figures.
@@ -99,7 +103,16 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", help="write the rows and versions as JSON here")
+    ap.add_argument(
+        "--workspace-manager",
+        action="store_true",
+        help="call inside vLLM's workspace manager, as a worker does",
+    )
     args = ap.parse_args()
+    if args.workspace_manager:
+        from vllm.v1.worker.workspace import init_workspace_manager
+
+        init_workspace_manager(torch.device(args.device))
     ours = _module(None, args.device)
     base = _module(args.baseline, args.device) if args.baseline else None
     rows = []
@@ -134,6 +147,7 @@ def main() -> None:
             python=platform.python_version(),
             torch=torch.__version__,
             baseline=args.baseline,
+            workspace_manager=args.workspace_manager,
             command=" ".join(sys.argv),
         )
         Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
