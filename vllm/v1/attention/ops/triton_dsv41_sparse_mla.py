@@ -772,6 +772,7 @@ class _Partials:
         index = device.index if device.index is not None else 0
         self.device = device
         self.rows = _WORKSPACE_ROWS_PER_SM * _num_sms(index)
+        self._retired: list[torch.Tensor] = []
         self._alloc()
 
     def _alloc(self) -> None:
@@ -785,6 +786,8 @@ class _Partials:
         if views is None:
             rows = shape[0] * shape[1] * shape[2]
             if rows > self.rows:  # a split count set by hand (tests)
+                # A graph captured earlier may still address the old buffer.
+                self._retired.append(self.buffer)
                 self.rows = rows
                 self._alloc()
             views = (
