@@ -10,10 +10,8 @@ the dist-info renamed to the local version, RECORD rewritten. No GPU, no compile
 """
 
 import argparse
-import base64
 import csv
 import functools
-import hashlib
 import io
 import os
 import re
@@ -208,8 +206,7 @@ def _write(source: Path, tmp: Path) -> None:
                 top = data.decode().split()
                 top += [p.name for p in common.FORK_PACKAGES if p.name not in top]
                 data = "".join(f"{n}\n" for n in top).encode()
-            sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
-            rows.append((name, f"sha256={sha.rstrip(b'=').decode()}", str(len(data))))
+            rows.append(common.record_row(name, data))
             yield _deflated(name, data)
         buf = io.StringIO()
         rows.append((new_info + "RECORD", "", ""))

@@ -5,6 +5,7 @@
 They run before any vLLM is installed, so this uses only the standard library
 and reads the pin straight from its file."""
 
+import base64
 import hashlib
 import os
 import runpy
@@ -101,6 +102,12 @@ def run_pip(python: Path, *args: str | Path, env: dict[str, str]) -> None:
         f"pip failed {len(PIP_RETRY_WAITS_S) + 1} times (exit {result.returncode}): "
         f"{' '.join(cmd[4:])}{error}\n--- end of pip's output ---\n" + "\n".join(tail)
     )
+
+
+def record_row(name: str, data: bytes) -> tuple[str, str, str]:
+    """A wheel RECORD row: path, urlsafe base64 sha256 without padding, size."""
+    sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
+    return (name, f"sha256={sha.rstrip(b'=').decode()}", str(len(data)))
 
 
 def sha256_of(path: Path) -> str:

@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 from tools.fork import triton_wheel
-from tools.fork.common import NEW_MODULES, REPO, log, sha256_of
+from tools.fork.common import REPO, log, new_module_files, sha256_of
 
 MANIFEST = "bundle.json"
 CONTENTS = "contents.json"
@@ -361,12 +361,12 @@ def refresh_new_modules(target: Path) -> list[str]:
     differ, as the dev venv links them: a changed kernel runs without a new
     bundle. (Edits of upstream files still need one.)"""
     changed = []
-    for src in sorted(NEW_MODULES.rglob("*.py")):
-        dst = target / "vllm" / src.relative_to(NEW_MODULES)
+    for rel in new_module_files():
+        src, dst = REPO / rel, target / rel
         if not dst.exists() or dst.read_bytes() != src.read_bytes():
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
-            changed.append(str(src.relative_to(REPO)))
+            changed.append(str(rel))
     return changed
 
 

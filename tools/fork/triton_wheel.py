@@ -10,13 +10,13 @@ the CUDA binaries and the profiler go, so that it fits in few device calls.
 The host's CUDA toolkit stands in for the binaries (``environment``).
 """
 
-import base64
 import csv
-import hashlib
 import io
 import os
 import zipfile
 from pathlib import Path
+
+from tools.fork.common import record_row
 
 # Wheel entries left out, by path prefix.
 DROPPED = (
@@ -33,11 +33,6 @@ TOOL_VARIABLES = {
     "TRITON_CUOBJDUMP_PATH": "cuobjdump",
     "TRITON_NVDISASM_PATH": "nvdisasm",
 }
-
-
-def _record_line(name: str, data: bytes) -> list[str]:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-    return [name, f"sha256={digest.decode()}", str(len(data))]
 
 
 def strip(wheel: Path, out_dir: Path) -> Path:
@@ -57,7 +52,7 @@ def strip(wheel: Path, out_dir: Path) -> Path:
                 continue
             data = src.read(info)
             dst.writestr(info, data, compress_type=zipfile.ZIP_LZMA)
-            rows.append(_record_line(info.filename, data))
+            rows.append(record_row(info.filename, data))
         text = io.StringIO()
         csv.writer(text, lineterminator="\n").writerows([*rows, [record, "", ""]])
         dst.writestr(record, text.getvalue(), compress_type=zipfile.ZIP_LZMA)
@@ -68,7 +63,7 @@ def environment(cuda_home: str | None = None) -> dict[str, str]:
     """What a stripped Triton needs: its own backends found in its tree (the
     host Triton's entry points name backends this one lacks) and the CUDA
     toolkit's binaries in place of its own."""
-    cuda_bin = Path(cuda_home or os.environ.get("CUDA_HOME") or "/usr/local/cuda")
+    home = Path(cuda_home or os.environ.get("CUDA_HOME") or "/usr/local/cuda")
     env = {"TRITON_BACKENDS_IN_TREE": "1"}
-    env.update({k: str(cuda_bin / "bin" / v) for k, v in TOOL_VARIABLES.items()})
+    env.update({k: str(home / "bin" / v) for k, v in TOOL_VARIABLES.items()})
     return env
