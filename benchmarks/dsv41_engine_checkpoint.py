@@ -4,20 +4,21 @@
 engine loads like the real one, for engine runs on one GPU.
 
     python benchmarks/dsv41_engine_checkpoint.py --out DIR [--seed 0] \
-        [--layout small|published]
+        [--layout small|published] [--heads 8]
 
 Layer kinds as in the model: with the default ``--layout small``, 6 layers of
 compress ratios 0/1/1/2/2/0, compressed-KV and indexer source layers 1 and 3,
 attention sinks, every layer a mixture of experts (8 routed, 2 per token, one
 shared), mHC hyper-connections; 8 heads of 512 (one GPU's share of a 64-head
-model on 8 GPUs). ``--layout published`` follows the published DeepSeek V4.1
-Flash pattern in 10 layers (``PUBLISHED_LAYOUT``): sliding-window layers at
-both ends, ratio-2 layers, then ratio-1 layers, each run with its own
-compressed-KV sources and indexers that read a source's index keys without
-owning them (60 MB: 4 routed experts of half the width). Weights are BF16
-(no quantization config), random with fan-in scaling; the output head is
-scaled so logits spread by about 3 after the final norm (not flat, so greedy
-decoding has clear winners at most steps). Each layer's expert choice is
+model on 8 GPUs; ``--heads 16`` gives the share at TP 4). ``--layout
+published`` follows the published DeepSeek V4.1 Flash pattern in 10 layers
+(``PUBLISHED_LAYOUT``): sliding-window layers at both ends, ratio-2 layers,
+then ratio-1 layers, each run with its own compressed-KV sources and
+indexers that read a source's index keys without owning them (60 MB: 4
+routed experts of half the width). Weights are BF16 (no quantization config),
+random with fan-in scaling; the output head is scaled so logits spread by
+about 3 after the final norm (not flat, so greedy decoding has clear winners
+at most steps). Each layer's expert choice is
 fixed by the router's selection bias (layer i takes experts 2i and 2i+1,
 mod 8; the routing weights still follow the token): a token's choice of
 experts is the one discrete decision inside the model, and random routers
@@ -272,12 +273,18 @@ def write_checkpoint(
     compress_ratios: list[int] | None = None,
     free_routing: bool = False,
     layout: str = "small",
+    heads: int | None = None,
 ) -> int:
     """Write the checkpoint into ``out`` (``layout``: a ``LAYOUTS`` key;
-    ``compress_ratios``: one per layer, default the layout's); returns the
-    weights' bytes. Raises ValueError for layers vLLM cannot serve."""
+    ``compress_ratios``: one per layer, default the layout's; ``heads``:
+    attention heads, default 8); returns the weights' bytes. Raises
+    ValueError for layers vLLM cannot serve."""
     text = dict(TEXT_CONFIG)
     text.update(LAYOUTS[layout])
+    if heads is not None:
+        if heads % text["o_groups"]:
+            raise ValueError(f"{heads} heads do not split into {text['o_groups']}")
+        text["num_attention_heads"] = heads
     if compress_ratios is not None:
         text["compress_ratios"] = compress_ratios
     if errors := topology_errors(text):
@@ -340,13 +347,18 @@ def main() -> None:
         action="store_true",
         help="random expert selection (zero selection bias), as before fixing it",
     )
+    parser.add_argument(
+        "--heads",
+        type=int,
+        help="attention heads (default 8; 16 is one GPU's share at TP 4)",
+    )
     args = parser.parse_args()
     ratios = None
     if args.compress_ratios:
         ratios = [int(r) for r in args.compress_ratios.split(",")]
     try:
         size = write_checkpoint(
-            args.out, args.seed, ratios, args.free_routing, args.layout
+            args.out, args.seed, ratios, args.free_routing, args.layout, args.heads
         )
     except ValueError as e:
         parser.error(f"--layout {args.layout}: {e}")
