@@ -71,10 +71,9 @@ _LONG = tuple((PROMPTS[3] * 2)[:n] for n in (1536, 1792, 2048))
 _SHORT = tuple(PROMPTS[3][i : i + 24 + 8 * i] for i in range(12))
 CHECK_PROMPTS = (*PROMPTS, *_LONG, *(p[::-1] for p in (*PROMPTS, *_LONG)), *_SHORT)
 GROW_TOKENS = 480
-# KV cache blocks of every server: about three requests of --max-model-len
-# on this checkpoint (500 blocks held 4,204 tokens), against the check set's
-# 22,000 tokens.
-KV_BLOCKS = 825
+# KV cache blocks of every server: 825 held 6,937 tokens on the H200 and the
+# check set (22,000 tokens) ran without a preemption; this holds about 3,780.
+KV_BLOCKS = 450
 # The profiled load: the first PROFILE_PROMPTS check prompts, all at once.
 PROFILE_PROMPTS = 16
 PROFILE_TOKENS = 48
@@ -456,30 +455,24 @@ def _request_rate(server: Server, entry: dict) -> float | None:
 
 
 def benches(servers: list[Server], args: argparse.Namespace) -> None:
-    """The ways take turns: one short run each (warm-up, and the request
-    rates that size the rest), then BENCH_REPEATS runs each of at least
-    BENCH_SECONDS unbounded, then as many near SATURATION of (a)'s median
-    unbounded rate, while the budget lasts (no run starts that the slowest
-    way's warm-up rate says would end after it)."""
-    warm = [
-        _request_rate(s, bench(s, args.model, "inf", 100, "warmup")) for s in servers
-    ]
-    slowest = min((r for r in warm if r), default=None)
-    if slowest is None:
-        return
-    plans = [("inf", math.ceil(BENCH_SECONDS * 1.1 * max(r for r in warm if r)))]
+    """The ways take turns: BENCH_REPEATS runs each of ``--bench-prompts``
+    unbounded, then as many at SATURATION of (a)'s median unbounded request
+    rate, sized for at least BENCH_SECONDS; no run starts that the way's last
+    run (at first ``--bench-expect-s``) says would end after the budget."""
+    expect = {s.name: args.bench_expect_s for s in servers}
+    plans = [("inf", args.bench_prompts)]
     a_rates: list[float] = []
     while plans:
         rate, n = plans.pop(0)
         for rep in range(1, BENCH_REPEATS + 1):
             for s in servers:
-                need = n / (slowest if rate == "inf" else min(slowest, float(rate)))
-                if time.monotonic() + need + 20 > args.deadline:
+                if time.monotonic() + expect[s.name] + 15 > args.deadline:
                     print(
                         f"bench {rate} #{rep} of ({s.name}): no time left", flush=True
                     )
                     return
                 entry = bench(s, args.model, rate, n, f"{rate}-{rep}")
+                expect[s.name] = entry["wall_s"]
                 if rate == "inf" and s.name == "a":
                     a_rates.append(_request_rate(s, entry) or 0.0)
         if rate == "inf" and any(a_rates):
@@ -557,6 +550,10 @@ def main() -> None:
     r.add_argument("--port", type=int, default=8731)
     r.add_argument("--num-gpu-blocks", type=int, default=KV_BLOCKS)
     r.add_argument("--start-timeout", type=float, default=300)
+    r.add_argument("--bench-prompts", type=int, default=600,
+                   help="requests a run at the unbounded rate")  # fmt: skip
+    r.add_argument("--bench-expect-s", type=float, default=100,
+                   help="a bench run's length until one has run")  # fmt: skip
     r.add_argument("--budget-s", type=float, default=540,
                    help="no bench run starts that would end after this")  # fmt: skip
     rep = sub.add_parser("report", help="judge a run's files")
