@@ -47,6 +47,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import dsv41_serve_profile  # noqa: E402
 from dsv41_engine_generate import PROMPTS  # noqa: E402
 
 # way -> (attention backend, launcher); the launcher plans SM12x's pages.
@@ -260,12 +261,31 @@ class Server:
                 self.process.wait()
         self.record["exit_code"] = self.process.returncode
 
-    def save(self) -> None:
-        with gzip.open(self.out / f"{self.name}.json.gz", "wt") as f:
-            json.dump(self.record, f)
-        (self.out / f"{self.name}-scrapes.json").write_text(
-            json.dumps(self.scrapes, indent=0) + "\n"
-        )
+    def save(self, comps: list[list[int]]) -> None:
+        write_json_gz(self.out / f"{self.name}.json.gz", slim(self.record, comps))
+        write_json_gz(self.out / f"{self.name}-scrapes.json.gz", self.scrapes)
+
+
+def write_json_gz(path: Path, value: object) -> None:
+    with gzip.open(path, "wt", compresslevel=9) as f:
+        json.dump(value, f)
+
+
+def read_json_gz(path: Path) -> object:
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def slim(record: dict, comps: list[list[int]]) -> dict:
+    """``record`` with each scoring answer's prompt positions emptied (None)
+    but those of the scored completion, the only ones anything reads."""
+    for answer, comp in zip(record.get("score", []), comps, strict=False):
+        if answer.get("status") == 200:
+            choice = answer["response"]["choices"][0]
+            logprobs = choice["prompt_logprobs"]
+            keep = len(logprobs) - len(comp)
+            choice["prompt_logprobs"] = [None] * keep + logprobs[keep:]
+    return record
 
 
 def post(server: Server, body: dict) -> dict:
@@ -292,6 +312,13 @@ def phase(server: Server, label: str, work) -> None:
     except Exception as e:  # noqa: BLE001 - recorded; the report fails it
         server.record.setdefault("errors", []).append(f"{label}: {e!r}")
     server.scrape(f"{label}-after")
+
+
+def completions(reference: list[dict]) -> list[list[int]]:
+    """(a)'s check completions that were scored, in scoring order."""
+    return [
+        a["response"]["choices"][0]["token_ids"] for a in reference if scored_tokens(a)
+    ]
 
 
 def scored_tokens(answer: dict) -> list[int] | None:
@@ -409,10 +436,8 @@ def profile(server: Server) -> dict:
     name = f"{server.name}-profile.trace.json.gz"
     if traces:
         time.sleep(2)  # the writer may still be flushing
-        data = traces[-1].read_bytes()
-        if not traces[-1].name.endswith(".gz"):
-            data = gzip.compress(data)
-        (server.out / name).write_bytes(data)
+        events = dsv41_serve_profile.slim(dsv41_serve_profile.load(traces[-1]))
+        write_json_gz(server.out / name, {"traceEvents": events})
     return {
         "start_status": started, "stop_status": stopped,
         "statuses": [a["status"] for a in answers],
@@ -532,12 +557,28 @@ def run(args: argparse.Namespace) -> None:
         print(f"benches from {time.monotonic() - args.started:.0f} s", flush=True)
         benches(ways, args)
     finally:
+        comps = completions(up["a"].record.get("check", [])) if "a" in up else []
         for s in servers:
             if s.process.poll() is None:
                 s.scrape("end")
             s.stop()
-            s.save()
+            s.save(comps)
     print(f"done at {time.monotonic() - args.started:.0f} s", flush=True)
+
+
+def trim(out: Path) -> None:
+    """What ``run`` now keeps, made of a folder an earlier ``run`` wrote in
+    full: scoring answers slimmed, scrapes compressed, traces slimmed."""
+    comps = completions(read_json_gz(out / "a.json.gz").get("check", []))
+    for path in sorted(out.glob("*.json.gz")):
+        if path.name.endswith(".trace.json.gz"):
+            events = dsv41_serve_profile.load(path)
+            write_json_gz(path, {"traceEvents": dsv41_serve_profile.slim(events)})
+        elif not path.name.endswith("-scrapes.json.gz"):
+            write_json_gz(path, slim(read_json_gz(path), comps))
+    for path in sorted(out.glob("*-scrapes.json")):
+        write_json_gz(path.with_suffix(".json.gz"), json.loads(path.read_text()))
+        path.unlink()
 
 
 def main() -> None:
@@ -558,7 +599,11 @@ def main() -> None:
                    help="no bench run starts that would end after this")  # fmt: skip
     rep = sub.add_parser("report", help="judge a run's files")
     rep.add_argument("out", type=Path)
+    t = sub.add_parser("trim", help="slim a folder an earlier run wrote in full")
+    t.add_argument("out", type=Path)
     args = parser.parse_args()
+    if args.command == "trim":
+        raise SystemExit(trim(args.out))
     if args.command == "report":
         from dsv41_serve_report import report
 

@@ -13,6 +13,7 @@ the kernels do not cover of it is host time the GPU waited for.
     python benchmarks/dsv41_serve_profile.py TRACE.json.gz
 """
 
+import bisect
 import gzip
 import json
 import re
@@ -23,13 +24,17 @@ from pathlib import Path
 STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 # Kernel name -> category, first match wins (case-insensitive).
 CATEGORIES = (
-    ("sparse attention", r"sparse_mla|flash_fwd|flashmla|mla_combine|sparse_attn"),
+    # FlashMLA's scheduling metadata is part of its attention call.
+    ("sparse attention", r"sparse_mla|flash_fwd|mla_combine|sparse_attn|mla_metadata"),
+    ("MoE", r"moe|expert|gating"),
     ("indexer", r"mqa_logits|indexer|topk|top_k"),
-    ("GEMM", r"gemm|nvjet|xmma|cutlass|cublas|matmul|splitk"),
-    ("MoE", r"moe|expert"),
+    ("GEMM", r"gemm|nvjet|xmma|cutlass|cublas|matmul"),
+    ("mHC", r"mhc_"),
     ("KV cache and compressor", r"cache|compress|quant|rope"),
 )
 KINDS = ("decode", "prefill", "mixed")
+KEPT = ("user_annotation", "cpu_op", "cuda_runtime", "cuda_driver", "kernel",
+        "gpu_memcpy", "gpu_memset")  # fmt: skip
 
 
 def category(kernel: str) -> str:
@@ -53,15 +58,45 @@ def load(path: Path) -> list[dict]:
         return json.load(f)["traceEvents"]
 
 
+def slim(events: list[dict]) -> list[dict]:
+    """The events ``breakdown`` reads, with no argument but the correlation
+    id (a trace is a few times smaller so)."""
+    out = []
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in KEPT:
+            continue
+        d = {k: e[k] for k in ("ph", "cat", "name", "tid", "ts", "dur") if k in e}
+        if "correlation" in e.get("args", {}):
+            d["args"] = {"correlation": e["args"]["correlation"]}
+        out.append(d)
+    return out
+
+
+def _torch_op_time(ops: list[dict], step: dict) -> float:
+    """Time in the outermost torch operators the step's thread ran inside it."""
+    total, end = 0.0, -1.0
+    i = bisect.bisect_left(ops, step["ts"], key=lambda o: o["ts"])
+    while i < len(ops) and ops[i]["ts"] < step["ts"] + step["dur"]:
+        o = ops[i]
+        if o["tid"] == step["tid"] and o["ts"] >= end:
+            total, end = total + o["dur"], o["ts"] + o["dur"]
+        i += 1
+    return total
+
+
 def breakdown(events: list[dict]) -> dict[str, dict]:
-    """Per step kind: steps, mean period (µs), mean kernel time (µs) per
+    """Per step kind, means a step in µs: the period, the worker's own step
+    (its annotation) and the torch operators inside it, kernel time per
     category and in all, and the period the kernels leave uncovered."""
     steps = sorted(
-        (e["ts"], kind)
-        for e in events
-        if e.get("ph") == "X"
-        and e.get("cat") == "user_annotation"
-        and (kind := step_kind(e.get("name", "")))
+        (e for e in events
+         if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+         and step_kind(e.get("name", ""))),
+        key=lambda e: e["ts"],
+    )  # fmt: skip
+    ops = sorted(
+        (e for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X"),
+        key=lambda e: e["ts"],
     )
     launches = sorted(
         (e["ts"], e["args"]["correlation"])
@@ -76,15 +111,18 @@ def breakdown(events: list[dict]) -> dict[str, dict]:
             kernels[e["args"]["correlation"]].append((name, e["dur"]))
     totals: dict[str, dict] = {}
     j = 0
-    for (start, kind), (end, _) in zip(steps, steps[1:], strict=False):
+    for step, following in zip(steps, steps[1:], strict=False):
+        start, end = step["ts"], following["ts"]
         while j < len(launches) and launches[j][0] < start:
             j += 1
-        t = totals.setdefault(kind, {"steps": 0, "period": 0.0, "kernels": {}})
+        t = totals.setdefault(step_kind(step["name"]), defaultdict(float))
         t["steps"] += 1
         t["period"] += end - start
+        t["step"] += step["dur"]
+        t["torch_ops"] += _torch_op_time(ops, step)
         while j < len(launches) and launches[j][0] < end:
             for name, dur in kernels.get(launches[j][1], ()):
-                t["kernels"][name] = t["kernels"].get(name, 0.0) + dur
+                t[f"kernel:{name}"] += dur
             j += 1
     result = {}
     for kind in KINDS:
@@ -92,10 +130,11 @@ def breakdown(events: list[dict]) -> dict[str, dict]:
             continue
         t = totals[kind]
         n = t["steps"]
-        per = {k: v / n for k, v in sorted(t["kernels"].items())}
+        per = {k[7:]: v / n for k, v in sorted(t.items()) if k.startswith("kernel:")}
         busy = sum(per.values())
         result[kind] = {
-            "steps": n, "period_us": t["period"] / n, "kernels_us": per,
+            "steps": int(n), "period_us": t["period"] / n, "step_us": t["step"] / n,
+            "torch_ops_us": t["torch_ops"] / n, "kernels_us": per,
             "kernel_total_us": busy, "uncovered_us": t["period"] / n - busy,
         }  # fmt: skip
     return result
@@ -107,15 +146,16 @@ def table(by_way: dict[str, dict]) -> str:
         {k for b in by_way.values() for r in b.values() for k in r["kernels_us"]}
     )
     lines = [
-        "| way | steps | mean period | " + " | ".join(names)
-        + " | all kernels | not covered by kernels |",
-        "|---|---|---:|" + "---:|" * (len(names) + 2),
+        "| way | steps | period | worker step | its torch ops | " + " | ".join(names)
+        + " | all kernels | period not covered by kernels |",
+        "|---|---|---:|---:|---:|" + "---:|" * (len(names) + 2),
     ]  # fmt: skip
     for way, b in by_way.items():
         for kind, r in b.items():
             cells = [f"{r['kernels_us'].get(k, 0.0):.1f}" for k in names]
             lines.append(
                 f"| ({way}) | {r['steps']} {kind} | {r['period_us']:.1f} | "
+                f"{r['step_us']:.1f} | {r['torch_ops_us']:.1f} | "
                 + " | ".join(cells)
                 + f" | {r['kernel_total_us']:.1f} | {r['uncovered_us']:.1f} |"
             )

@@ -12,14 +12,13 @@ servers; a way passes when no position differs from (a) by more, and (a)'s
 token falls outside its top two no more often than in either run of (a).
 """
 
-import gzip
 import json
 import math
 import re
 import statistics
 from pathlib import Path
 
-from dsv41_serve import REPEAT, WAYS, metric, scored_tokens
+from dsv41_serve import REPEAT, WAYS, completions, metric, read_json_gz
 from dsv41_serve_profile import breakdown, load, top_kernels
 from dsv41_serve_profile import table as profile_table
 
@@ -46,20 +45,10 @@ def load_records(out: Path) -> dict[str, dict]:
     for name in (*WAYS, REPEAT):
         path = out / f"{name}.json.gz"
         if path.exists():
-            with gzip.open(path, "rt") as f:
-                records[name] = json.load(f)
-            scrapes = out / f"{name}-scrapes.json"
-            records[name]["scrapes"] = (
-                json.loads(scrapes.read_text()) if scrapes.exists() else {}
-            )
+            records[name] = read_json_gz(path)
+            scrapes = out / f"{name}-scrapes.json.gz"
+            records[name]["scrapes"] = read_json_gz(scrapes) if scrapes.exists() else {}
     return records
-
-
-def completions(reference: list[dict]) -> list[list[int]]:
-    """(a)'s check completions that were scored, in scoring order."""
-    return [
-        a["response"]["choices"][0]["token_ids"] for a in reference if scored_tokens(a)
-    ]
 
 
 def scores(answers: list[dict], comps: list[list[int]]) -> list[tuple | None]:
@@ -88,21 +77,22 @@ def teacher_forcing(records: dict[str, dict]) -> dict:
     by = {n: scores(r.get("score", []), comps) for n, r in records.items()}
     ref = by["a"]
 
-    def compare(name: str) -> dict:
-        got = by[name]
-        pairs = [(x, y) for x, y in zip(ref, got, strict=True) if x and y]
-        diffs = [abs(x[0] - y[0]) for x, y in pairs]
-        return {
-            "positions": len(got), "scored": len(pairs),
-            "max_diff": max(diffs, default=0.0), "p99_diff": _p99(diffs),
+    def diffs(name: str) -> list[float]:
+        pairs = zip(ref, by[name], strict=True)
+        return [abs(x[0] - y[0]) for x, y in pairs if x and y]
+
+    threshold = max(diffs(REPEAT), default=0.0) if REPEAT in by else None
+    result = {"completions": len(comps), "positions": len(ref),
+              "threshold": threshold, "servers": {}}  # fmt: skip
+    for name, got in by.items():
+        d = diffs(name)
+        result["servers"][name] = {
+            "positions": len(got), "scored": len(d),
+            "max_diff": max(d, default=0.0), "p99_diff": _p99(d),
+            "over_threshold": sum(x > threshold for x in d) if threshold else None,
             "not_top1": sum(1 for y in got if y and y[1] != 1),
             "outside_top2": sum(1 for y in got if y and y[1] > 2),
         }  # fmt: skip
-
-    result = {"completions": len(comps), "positions": len(ref), "servers": {}}
-    for name in by:
-        result["servers"][name] = compare(name)
-    result["threshold"] = result["servers"].get(REPEAT, {}).get("max_diff")
     return result
 
 
@@ -257,13 +247,13 @@ def table(summary: dict) -> str:
     lines = [
         head,
         "",
-        "| server | scored | max diff | p99 diff | not (a)'s top | outside top two |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| server | scored | max diff | p99 diff | > threshold | not top | not top 2 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in tf["servers"].items():
-        lines.append(f"| ({name}) | {s['scored']} | {_fmt(s['max_diff'])} "
-                     f"| {_fmt(s['p99_diff'])} | {s['not_top1']} "
-                     f"| {s['outside_top2']} |")  # fmt: skip
+        cells = (s["scored"], _fmt(s["max_diff"]), _fmt(s["p99_diff"]),
+                 s["over_threshold"], s["not_top1"], s["outside_top2"])  # fmt: skip
+        lines.append(f"| ({name}) | " + " | ".join(map(str, cells)) + " |")
     lines += [
         "",
         "| way | KV cache tokens | check sent | completed | preemptions by phase |",
@@ -301,6 +291,7 @@ def table(summary: dict) -> str:
 def profile_report(out: Path, records: dict[str, dict]) -> str | None:
     traces = {n: out / r["profile"]["trace"] for n, r in records.items()
               if (r.get("profile") or {}).get("trace")}  # fmt: skip
+    traces = {n: p for n, p in traces.items() if p.exists()}
     if not traces:
         return None
     events = {n: load(p) for n, p in traces.items()}
