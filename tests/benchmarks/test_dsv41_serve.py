@@ -30,9 +30,7 @@ NOISE = 0.003
 POSITIONS = 14 * 96 + 12 * 480
 
 
-def _run(
-    out: Path, port: int, heads: int = 32, **env: str
-) -> subprocess.CompletedProcess:
+def _run(out: Path, port: int) -> subprocess.CompletedProcess:
     model = out.parent / f"{out.name}-model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text(
