@@ -5,6 +5,7 @@ way on one GPU, side by side, and record what each answered, raw.
 
     python benchmarks/dsv41_serve.py run --model DIR --out DIR [--ways a,b]
     python benchmarks/dsv41_serve.py report DIR
+    python benchmarks/dsv41_serve.py trim DIR   # a folder written in full
 
 The ways: (a) ``FLASHMLA_SPARSE_DSV41``, the reference; (b) the fork's
 ``FLASHINFER_MLA_SPARSE_DSV41`` on the pages vLLM plans for this GPU; (c) the

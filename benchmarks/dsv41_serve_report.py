@@ -18,7 +18,15 @@ import re
 import statistics
 from pathlib import Path
 
-from dsv41_serve import REPEAT, WAYS, completions, metric, read_json_gz
+from dsv41_serve import (
+    BENCH_REPEATS,
+    BENCH_SECONDS,
+    REPEAT,
+    WAYS,
+    completions,
+    metric,
+    read_json_gz,
+)
 from dsv41_serve_profile import breakdown, load, top_kernels
 from dsv41_serve_profile import table as profile_table
 
@@ -36,8 +44,6 @@ TARGETS = {
     16: {"output_throughput": (1.0, "min"), "median_tpot_ms": (1.0, "max"),
          "median_ttft_ms": (1.1, "max")},
 }  # fmt: skip
-BENCH_SECONDS = 60
-REPEATS = 3
 
 
 def load_records(out: Path) -> dict[str, dict]:
@@ -147,8 +153,8 @@ def _target_misses(heads: int | None, ways: dict) -> list[str]:
         b = w.get("bench", {}).get("inf", {})
         runs = min(len(a.get("output_throughput", {}).get("runs", [])),
                    len(b.get("output_throughput", {}).get("runs", [])))  # fmt: skip
-        if runs < REPEATS:
-            misses.append(f"({way}) targets not judged: {runs} of {REPEATS} runs")
+        if runs < BENCH_REPEATS:
+            misses.append(f"({way}) targets not judged: {runs} of {BENCH_REPEATS} runs")
             continue
         for key, (bound, kind) in targets.items():
             ratio = b[key]["median"] / a[key]["median"]
