@@ -83,8 +83,8 @@ def teacher_forcing(records: dict[str, dict]) -> dict:
     by = {n: scores(r.get("score", []), comps) for n, r in records.items()}
     ref = by["a"]
 
-    def diffs(name: str) -> list[float]:
-        pairs = zip(ref, by[name], strict=True)
+    def diffs(name: str, against: list = ref) -> list[float]:
+        pairs = zip(against, by[name], strict=True)
         return [abs(x[0] - y[0]) for x, y in pairs if x and y]
 
     threshold = max(diffs(REPEAT), default=0.0) if REPEAT in by else None
@@ -96,6 +96,10 @@ def teacher_forcing(records: dict[str, dict]) -> dict:
             "positions": len(got), "scored": len(d),
             "max_diff": max(d, default=0.0), "p99_diff": _p99(d),
             "over_threshold": sum(x > threshold for x in d) if threshold else None,
+            # Against the second (a) instead: which of the two (a)s is nearer.
+            "max_diff_to_a2": (
+                max(diffs(name, by[REPEAT]), default=0.0) if REPEAT in by else None
+            ),
             "not_top1": sum(1 for y in got if y and y[1] != 1),
             "outside_top2": sum(1 for y in got if y and y[1] > 2),
         }  # fmt: skip
@@ -250,15 +254,18 @@ def table(summary: dict) -> str:
         f"{tf['completions']} completions of (a), {tf['positions']} positions; "
         f"threshold = (a) against its second server = {_fmt(tf['threshold'])}."
     )
+    columns = ("scored", "max diff", "p99 diff", "> threshold", "not top",
+               "not top 2", "max diff to (a2)")  # fmt: skip
     lines = [
         head,
         "",
-        "| server | scored | max diff | p99 diff | > threshold | not top | not top 2 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| server | " + " | ".join(columns) + " |",
+        "|---|" + "---:|" * len(columns),
     ]
     for name, s in tf["servers"].items():
         cells = (s["scored"], _fmt(s["max_diff"]), _fmt(s["p99_diff"]),
-                 s["over_threshold"], s["not_top1"], s["outside_top2"])  # fmt: skip
+                 s["over_threshold"], s["not_top1"], s["outside_top2"],
+                 _fmt(s["max_diff_to_a2"]))  # fmt: skip
         lines.append(f"| ({name}) | " + " | ".join(map(str, cells)) + " |")
     lines += [
         "",
