@@ -107,8 +107,7 @@ FAULTS = {
 }  # fmt: skip
 # Start-up lines that name the attention backend, kernel, pages and cache.
 STARTUP_LINES = re.compile(
-    r"attention backend|sparse MLA on|GPU KV cache size|num_gpu_blocks|"
-    r"Overriding num_gpu_blocks|block_size",
+    r"attention backend|sparse MLA on|GPU KV cache size|num_gpu_blocks|block_size",
     re.IGNORECASE,
 )
 
@@ -247,9 +246,13 @@ class Server:
             time.sleep(2)
         raise RuntimeError(f"server not ready in {timeout:.0f} s")
 
-    def scrape(self, label: str) -> str:
+    def metrics(self) -> str:
+        """The ``/metrics`` page, or "" when the server gave none."""
         status, text = http(self.url + "/metrics", timeout=30)
-        self.scrapes[label] = text if status == 200 and isinstance(text, str) else ""
+        return text if status == 200 and isinstance(text, str) else ""
+
+    def scrape(self, label: str) -> str:
+        self.scrapes[label] = self.metrics()
         return self.scrapes[label]
 
     def stop(self) -> None:
@@ -368,8 +371,7 @@ def clients(server: Server) -> dict:
 
 
 def kv_usage(server: Server) -> float | None:
-    status, text = http(server.url + "/metrics", timeout=30)
-    return metric(text, KV_USAGE) if isinstance(text, str) else None
+    return metric(server.metrics(), KV_USAGE)
 
 
 def disconnect(server: Server) -> dict:
