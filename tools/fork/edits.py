@@ -24,8 +24,8 @@ from tools.fork.edit_engine import (
     Edit,
 )
 
-PAGES, VALIDATION, TRITON = "pages", "validation", "triton"
-CONCERNS = (PAGES, VALIDATION, TRITON)
+BUGFIX, PAGES, VALIDATION, TRITON = "bugfix", "pages", "validation", "triton"
+CONCERNS = (BUGFIX, PAGES, VALIDATION, TRITON)
 
 SWA = "vllm/v1/attention/backends/mla/sparse_swa.py"
 SPARSE_MLA = "vllm/models/deepseek_v41/sparse_mla.py"
@@ -40,6 +40,86 @@ INDEXER_BACKEND = "DeepseekV41IndexerBackend"
 INDEXER_CACHE = "DeepseekV4IndexerCache"
 
 EDITS: tuple[Edit, ...] = (
+    # ---- bugfix: a --block-size KV binding cannot serve fails at start-up
+    Edit(
+        ATTENTION,
+        "",
+        INSERT_BEFORE,
+        '''
+        def check_kv_cache_block_size(
+            block_size: int, caches: list[tuple[type[AttentionBackend], KVCacheSpec]]
+        ) -> None:
+            """Raise if ``caches``, paged in ``block_size`` tokens, cannot be bound
+            to kernel blocks their backends read.
+
+            Packed caches are bound block by block, and a block is split into
+            smaller kernel blocks only where a state holds several tokens. Check
+            while the layers are built, so a bad --block-size fails before the
+            weights load rather than at KV binding or the first metadata build.
+            """
+            from vllm.v1.worker.utils import select_common_block_size
+
+            def kernel_blocks(size: int) -> list[int | None]:
+                blocks: list[int | None] = []
+                for backend, spec in caches:
+                    spec = spec.copy_with_new_block_size(size)
+                    try:
+                        blocks.append(select_common_block_size(size, [backend], [spec]))
+                    except ValueError:
+                        blocks.append(None)
+                return blocks
+
+            for (backend, spec), kernel in zip(caches, kernel_blocks(block_size)):
+                if kernel is None or (kernel != block_size and spec.tokens_per_state <= 1):
+                    break
+            else:
+                return
+            # Sizes every cache reads whole serve every layer, whatever its ratio.
+            offered = {
+                size if isinstance(size, int) else size.base
+                for backend, spec in caches
+                for size in backend.get_supported_kernel_block_sizes(spec)
+            }
+            working = [s for s in sorted(offered) if set(kernel_blocks(s)) == {s}]
+            raise ValueError(
+                f"--block-size {block_size} cannot page DeepSeek V4.1's KV caches: "
+                f"{backend.get_name()} reads kernel blocks of "
+                f"{backend.get_supported_kernel_block_sizes(spec)} tokens, which "
+                f"{block_size}-token blocks of {spec.tokens_per_state} token(s) a "
+                "state cannot be bound to. "
+                + (
+                    f"Use --block-size {' or '.join(map(str, working))}, or leave "
+                    "it unset."
+                    if working
+                    else "Choose another --attention-backend."
+                )
+            )
+        ''',
+        BUGFIX,
+        "a check that vLLM can bind a layer's caches at --block-size",
+        anchor="class DeepseekV4Attention(",
+        bases=("0.34.0",),
+    ),
+    Edit(
+        ATTENTION,
+        "DeepseekV4Attention.__init__",
+        INSERT_AFTER,
+        """
+        # Refuse a --block-size that KV binding cannot serve now, before the
+        # weights load. Consumer layers share their source's caches.
+        if cache_config.user_specified_block_size and self.is_kv_source:
+            caches = [(self.backend_cls, self.get_kv_cache_spec(vllm_config))]
+            if self.indexer is not None:
+                k_cache = self.indexer.k_cache
+                spec = k_cache.get_kv_cache_spec(vllm_config)
+                caches.append((k_cache.get_attn_backend(), spec))
+            check_kv_cache_block_size(cache_config.block_size, caches)
+        """,
+        BUGFIX,
+        "each kv-source layer checks its caches against --block-size",
+        anchor="bounded_replay=swa_bounded_replay,",
+        bases=("0.34.0",),
+    ),
     # ---- pages: the hooks, the policy's answers, the caches built from them
     Edit(
         SWA,
@@ -121,6 +201,7 @@ EDITS: tuple[Edit, ...] = (
         """,
         PAGES,
         "the indexer backend answers from DeepGEMM's page rule",
+        bases=("0.30.0",),
         anchor="from vllm.v1.attention.backend import",
     ),
     Edit(
@@ -134,6 +215,7 @@ EDITS: tuple[Edit, ...] = (
         """,
         PAGES,
         "the indexer's kernel pages hold the states DeepGEMM reads, per ratio",
+        bases=("0.30.0",),
         # Before upstream's own answers, so none of them runs first.
         anchor={
             "0.30.0": "return [64 if current_platform.is_device_capability_family(90)",
@@ -161,6 +243,7 @@ EDITS: tuple[Edit, ...] = (
         ''',
         PAGES,
         "the indexer backend pages its K caches and confirms them with DeepGEMM",
+        bases=("0.30.0",),
     ),
     Edit(
         ATTENTION,
@@ -174,6 +257,7 @@ EDITS: tuple[Edit, ...] = (
         """,
         PAGES,
         "the indexer K cache is paged as its kernels read it",
+        bases=("0.30.0",),
         anchor="block_size=self.cache_config.block_size,",
     ),
     Edit(
@@ -185,6 +269,7 @@ EDITS: tuple[Edit, ...] = (
         """,
         PAGES,
         "an indexer page DeepGEMM refuses fails while the model is built",
+        bases=("0.30.0",),
         anchor="self.compress_ratio = compress_ratio",
     ),
     Edit(
@@ -194,7 +279,7 @@ EDITS: tuple[Edit, ...] = (
         """
         from vllm.models.deepseek_v41.nvidia import sparse_mla_pages
         """,
-        PAGES,
+        VALIDATION,
         "the backends answer from the page policy",
         anchor="from vllm.models.deepseek_v41.common.ops import",
     ),
@@ -350,6 +435,7 @@ EDITS: tuple[Edit, ...] = (
         """,
         VALIDATION,
         "FlashMLA refuses a --block-size its packed caches cannot bind with",
+        bases=("0.30.0",),
     ),
     Edit(
         ATTENTION,
@@ -376,13 +462,45 @@ EDITS: tuple[Edit, ...] = (
                 DeepseekV41IndexerBackend,
                 DeepseekV4FlashInferSM120Attention.get_padded_num_q_heads,
             )
-
+        """,
+        VALIDATION,
+        "the backends whose kernel pages a layer's caches must suit",
+    ),
+    Edit(
+        FLASHINFER,
+        FI_BACKEND,
+        ADD_TO_CLASS,
+        """
         @classmethod
         def negotiate(cls, vllm_config: VllmConfig) -> sparse_mla_pages.SparseMLAPlan:
+            cache_config = vllm_config.cache_config
+            return sparse_mla_pages.negotiate_layer(
+                vllm_config,
+                cls.paged_backends(),
+                block_size=(
+                    cache_config.block_size
+                    if cache_config.user_specified_block_size
+                    else None
+                ),
+            )
+        """,
+        VALIDATION,
+        "the FlashInfer backend negotiates through the page policy",
+        bases=("0.30.0",),
+    ),
+    Edit(
+        FLASHINFER,
+        FI_BACKEND,
+        ADD_TO_CLASS,
+        """
+        @classmethod
+        def negotiate(cls, vllm_config: VllmConfig) -> sparse_mla_pages.SparseMLAPlan:
+            # --block-size is the layers' own check (check_kv_cache_block_size).
             return sparse_mla_pages.negotiate_layer(vllm_config, cls.paged_backends())
         """,
         VALIDATION,
         "the FlashInfer backend negotiates through the page policy",
+        bases=("0.34.0",),
     ),
     Edit(
         FLASHINFER,
@@ -396,6 +514,21 @@ EDITS: tuple[Edit, ...] = (
         """,
         VALIDATION,
         "supports_combination asks the same validation as start-up",
+        bases=("0.30.0",),
+    ),
+    Edit(
+        FLASHINFER,
+        f"{FI_BACKEND}.supports_combination",
+        REPLACE_BODY,
+        """
+        # The same checks start-up makes; the layers check --block-size.
+        return sparse_mla_pages.unsupported_reason(
+            device_capability, kv_cache_dtype, None, cls.paged_backends()
+        )
+        """,
+        VALIDATION,
+        "supports_combination asks the same validation as start-up",
+        bases=("0.34.0",),
     ),
     # ---- triton: the portable kernel where FlashInfer has none
     Edit(
