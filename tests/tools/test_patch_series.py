@@ -14,14 +14,22 @@ import zipfile
 import pytest
 
 from tools.fork.build_wheel import fork_files
-from tools.fork.common import REPO
-from tools.fork.edits import CONCERNS
-from tools.fork.patch_series import FORK_ONLY, extract_pristine, generate
+from tools.fork.common import REPO, load_pin
+from tools.fork.patch_series import (
+    FORK_ONLY,
+    extract_pristine,
+    generate,
+    pull_requests,
+)
 
 pytestmark = pytest.mark.slow
 
 
 AUTHOR = ("Ada Reviewer", "ada@example.org")
+PULL_REQUESTS = pull_requests(load_pin().VLLM_VERSION)
+NUM_PATCHES = sum(map(len, PULL_REQUESTS.values()))
+# The most lines outside tests/ a [Bugfix] patch that opens a series adds.
+BUGFIX_MAX_ADDED_LINES = 80
 
 
 @pytest.fixture(scope="module")
@@ -50,22 +58,30 @@ def test_without_an_identity_the_series_is_unsigned(tmp_path, monkeypatch, capsy
         assert "Signed-off-by:" not in patch.read_text()
 
 
-def test_the_first_patch_counts_its_non_test_lines(series):
-    """Its message states the count its own diff has outside tests/ and
-    benchmarks/ (counted here from the diff text, not from git's numstat)."""
-    text = series[0].read_text()
-    stated = int(re.search(r"Non-test lines changed: (\d+)\.", text)[1])
+def _added_non_test_lines(patch) -> int:
+    """Lines the patch adds outside tests/ and benchmarks/, from its diff."""
     counted, path = 0, ""
-    for line in text.split("\n---\n", 1)[1].splitlines():
+    for line in patch.read_text().split("\n---\n", 1)[1].splitlines():
         if line.startswith("diff --git a/"):
             path = line.split(" b/", 1)[1]
-        elif line.startswith(("+++", "---")):
-            continue
-        elif line.startswith(("+", "-")) and not path.startswith(
-            ("tests/", "benchmarks/")
-        ):
-            counted += 1
-    assert stated == counted
+        elif line.startswith("+") and not line.startswith("+++"):
+            counted += not path.startswith(("tests/", "benchmarks/"))
+    return counted
+
+
+def test_no_message_counts_lines(series):
+    for patch in series:
+        message = patch.read_text().split("\n---\n", 1)[0]
+        assert not re.search(r"\d+ lines|lines changed", message), patch.name
+
+
+@pytest.mark.default_base_only
+def test_the_bugfix_opens_the_series_and_is_small(series):
+    """On the pull request's base the first patch is the [Bugfix] alone."""
+    assert next(iter(PULL_REQUESTS.values()))[0] == "bugfix"
+    first = series[0].read_text()
+    assert "Subject: [PATCH] [Bugfix]" in first
+    assert _added_non_test_lines(series[0]) <= BUGFIX_MAX_ADDED_LINES
 
 
 def _git(tree, *args):
@@ -75,10 +91,17 @@ def _git(tree, *args):
 
 
 def test_one_patch_per_concern_with_its_reason(series):
-    assert len(series) == len(CONCERNS)
-    for number, patch in enumerate(series, 1):
+    assert len(series) == NUM_PATCHES
+    assert [p.parent.name for p in series] == [
+        name for name, concerns in PULL_REQUESTS.items() for _ in concerns
+    ]
+    for patch in series:
+        siblings = sorted(patch.parent.glob("*.patch"))
+        number = siblings.index(patch) + 1
         text = patch.read_text()
-        assert f"Subject: [PATCH {number}/{len(CONCERNS)}]" in text
+        assert f"Subject: [PATCH {number}/{len(siblings)}]" in text or (
+            len(siblings) == 1 and "Subject: [PATCH] " in text
+        )
         # A body that says why, before the diffstat.
         message = text.split("\n\n", 1)[1].split("\n---\n", 1)[0]
         assert len(message.split()) > 30
@@ -105,7 +128,7 @@ def _run_in(tree, *args):
     )
 
 
-@pytest.mark.parametrize("count", range(1, len(CONCERNS)))
+@pytest.mark.parametrize("count", range(1, NUM_PATCHES))
 def test_each_patch_passes_its_own_tests_alone(
     series, upstream_wheel_path, tmp_path, count
 ):
@@ -133,10 +156,11 @@ def test_each_patch_passes_its_own_tests_alone(
     assert "passed" in summary and "failed" not in summary, summary
 
 
-def test_the_first_patches_hold_no_triton(series):
-    """The page fix and the validation neither route to nor name the Triton
-    kernel outside their tests; the last patch brings it."""
-    for patch in series[:-1]:
+def test_the_first_pull_request_holds_no_triton(series):
+    """The first pull request neither routes to nor names the Triton kernel
+    outside its tests; the kernel's pull request brings it."""
+    first = next(iter(PULL_REQUESTS))
+    for patch in (p for p in series if p.parent.name == first):
         path = ""
         for line in patch.read_text().split("\n---\n", 1)[1].splitlines():
             if line.startswith("diff --git a/"):

@@ -10,7 +10,8 @@ reads the pristine files from the pinned wheel and applies these
 (tools/fork/edit_engine.py); nothing upstream is stored here.
 
 ``concern`` puts each edit into one patch of the upstream series
-(tools/fork/patch_series.py): ``pages`` (the page policy, the backend answers
+(tools/fork/patch_series.py): ``bugfix`` (a --block-size KV binding cannot
+serve fails at start-up), ``pages`` (the page policy, the backend answers
 and the caches that use them), ``validation`` (start-up negotiation),
 ``triton`` (the portable kernel and its routing).
 """
@@ -62,7 +63,8 @@ EDITS: tuple[Edit, ...] = (
             def kernel_blocks(size: int) -> list[int | None]:
                 blocks: list[int | None] = []
                 for backend, spec in caches:
-                    spec = spec.copy_with_new_block_size(size)
+                    if spec.block_size == block_size:  # paged by --block-size
+                        spec = spec.copy_with_new_block_size(size)
                     try:
                         blocks.append(select_common_block_size(size, [backend], [spec]))
                     except ValueError:
@@ -84,9 +86,9 @@ EDITS: tuple[Edit, ...] = (
             raise ValueError(
                 f"--block-size {block_size} cannot page DeepSeek V4.1's KV caches: "
                 f"{backend.get_name()} reads kernel blocks of "
-                f"{backend.get_supported_kernel_block_sizes(spec)} tokens, which "
-                f"{block_size}-token blocks of {spec.tokens_per_state} token(s) a "
-                "state cannot be bound to. "
+                f"{backend.get_supported_kernel_block_sizes(spec)} tokens, and KV "
+                f"binding cannot split {block_size}-token blocks of a cache with "
+                f"{spec.tokens_per_state} token(s) per state into them. "
                 + (
                     f"Use --block-size {' or '.join(map(str, working))}, or leave "
                     "it unset."
@@ -106,9 +108,10 @@ EDITS: tuple[Edit, ...] = (
         INSERT_AFTER,
         """
         # Refuse a --block-size that KV binding cannot serve now, before the
-        # weights load. Consumer layers share their source's caches.
-        if cache_config.user_specified_block_size and self.is_kv_source:
-            caches = [(self.backend_cls, self.get_kv_cache_spec(vllm_config))]
+        # weights load. Only kv sources own caches paged by --block-size.
+        spec = self.get_kv_cache_spec(vllm_config)
+        if cache_config.user_specified_block_size and spec is not None:
+            caches = [(self.backend_cls, spec)]
             if self.indexer is not None:
                 k_cache = self.indexer.k_cache
                 spec = k_cache.get_kv_cache_spec(vllm_config)
@@ -201,7 +204,6 @@ EDITS: tuple[Edit, ...] = (
         """,
         PAGES,
         "the indexer backend answers from DeepGEMM's page rule",
-        bases=("0.30.0",),
         anchor="from vllm.v1.attention.backend import",
     ),
     Edit(
@@ -215,7 +217,6 @@ EDITS: tuple[Edit, ...] = (
         """,
         PAGES,
         "the indexer's kernel pages hold the states DeepGEMM reads, per ratio",
-        bases=("0.30.0",),
         # Before upstream's own answers, so none of them runs first.
         anchor={
             "0.30.0": "return [64 if current_platform.is_device_capability_family(90)",
@@ -243,7 +244,6 @@ EDITS: tuple[Edit, ...] = (
         ''',
         PAGES,
         "the indexer backend pages its K caches and confirms them with DeepGEMM",
-        bases=("0.30.0",),
     ),
     Edit(
         ATTENTION,
@@ -257,7 +257,6 @@ EDITS: tuple[Edit, ...] = (
         """,
         PAGES,
         "the indexer K cache is paged as its kernels read it",
-        bases=("0.30.0",),
         anchor="block_size=self.cache_config.block_size,",
     ),
     Edit(
@@ -269,7 +268,6 @@ EDITS: tuple[Edit, ...] = (
         """,
         PAGES,
         "an indexer page DeepGEMM refuses fails while the model is built",
-        bases=("0.30.0",),
         anchor="self.compress_ratio = compress_ratio",
     ),
     Edit(
@@ -279,7 +277,7 @@ EDITS: tuple[Edit, ...] = (
         """
         from vllm.models.deepseek_v41.nvidia import sparse_mla_pages
         """,
-        VALIDATION,
+        PAGES,
         "the backends answer from the page policy",
         anchor="from vllm.models.deepseek_v41.common.ops import",
     ),
@@ -435,7 +433,6 @@ EDITS: tuple[Edit, ...] = (
         """,
         VALIDATION,
         "FlashMLA refuses a --block-size its packed caches cannot bind with",
-        bases=("0.30.0",),
     ),
     Edit(
         ATTENTION,
@@ -462,45 +459,13 @@ EDITS: tuple[Edit, ...] = (
                 DeepseekV41IndexerBackend,
                 DeepseekV4FlashInferSM120Attention.get_padded_num_q_heads,
             )
-        """,
-        VALIDATION,
-        "the backends whose kernel pages a layer's caches must suit",
-    ),
-    Edit(
-        FLASHINFER,
-        FI_BACKEND,
-        ADD_TO_CLASS,
-        """
+
         @classmethod
         def negotiate(cls, vllm_config: VllmConfig) -> sparse_mla_pages.SparseMLAPlan:
-            cache_config = vllm_config.cache_config
-            return sparse_mla_pages.negotiate_layer(
-                vllm_config,
-                cls.paged_backends(),
-                block_size=(
-                    cache_config.block_size
-                    if cache_config.user_specified_block_size
-                    else None
-                ),
-            )
-        """,
-        VALIDATION,
-        "the FlashInfer backend negotiates through the page policy",
-        bases=("0.30.0",),
-    ),
-    Edit(
-        FLASHINFER,
-        FI_BACKEND,
-        ADD_TO_CLASS,
-        """
-        @classmethod
-        def negotiate(cls, vllm_config: VllmConfig) -> sparse_mla_pages.SparseMLAPlan:
-            # --block-size is the layers' own check (check_kv_cache_block_size).
             return sparse_mla_pages.negotiate_layer(vllm_config, cls.paged_backends())
         """,
         VALIDATION,
         "the FlashInfer backend negotiates through the page policy",
-        bases=("0.34.0",),
     ),
     Edit(
         FLASHINFER,
@@ -514,21 +479,6 @@ EDITS: tuple[Edit, ...] = (
         """,
         VALIDATION,
         "supports_combination asks the same validation as start-up",
-        bases=("0.30.0",),
-    ),
-    Edit(
-        FLASHINFER,
-        f"{FI_BACKEND}.supports_combination",
-        REPLACE_BODY,
-        """
-        # The same checks start-up makes; the layers check --block-size.
-        return sparse_mla_pages.unsupported_reason(
-            device_capability, kv_cache_dtype, None, cls.paged_backends()
-        )
-        """,
-        VALIDATION,
-        "supports_combination asks the same validation as start-up",
-        bases=("0.34.0",),
     ),
     # ---- triton: the portable kernel where FlashInfer has none
     Edit(

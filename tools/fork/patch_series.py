@@ -6,9 +6,10 @@ The patches apply to a pristine vLLM tree taken from the pinned wheel.
 
     python3 tools/fork/patch_series.py [--out DIR] [--base 0.34.0]
 
-Each patch adds its concern's edits (tools/fork/edits.py) and files
-(tools/fork/series.toml) on top of the previous one, to the pinned wheel's
-Python package; the diffs are made at build time, never committed.
+The base's pull requests (tools/fork/series.toml) are written in order, each
+to its own folder; each patch adds its concern's edits (tools/fork/edits.py)
+and whole files on top of the ones before it, to the pinned wheel's Python
+package. The diffs are made at build time, never committed.
 """
 
 import argparse
@@ -34,56 +35,60 @@ from tools.fork.common import (  # noqa: E402
     upstream_wheel,
 )
 from tools.fork.edit_engine import apply_edits  # noqa: E402
-from tools.fork.edits import CONCERNS, EDITS, PAGES  # noqa: E402
-from tools.fork.module_stages import earlier_stage  # noqa: E402
+from tools.fork.edits import EDITS, INDEXER, PAGES  # noqa: E402
 
 _SERIES = tomllib.loads(Path(__file__).with_name("series.toml").read_text())
 FORK_ONLY: tuple[str, ...] = tuple(_SERIES["fork_only"])
 
 
-def _message(concern: str, flashinfer: str) -> tuple[str, str]:
+def _message(concern: str, flashinfer: str, base: str) -> tuple[str, str]:
     message = _SERIES["messages"][concern]
-    body = message["body"].strip()
-    if concern == PAGES:
-        # FlashInfer's SM120 kernels take run-time pages from 0.7.1 on.
-        numbers = [int(p) for p in flashinfer.split(".")[:3] if p.isdigit()]
-        pages = "fixed" if numbers < [0, 7, 1] else "runtime"
-        body += "\n\n" + message[f"{pages}_sm120_pages"].strip()
-    return message["title"], body
+    if concern != PAGES:
+        return message["title"], message["body"].strip()
+    parts = []
+    if any(e.file == INDEXER for e in concern_edits(PAGES, base)):
+        parts.append(message["indexer"].strip())
+    # FlashInfer's SM120 kernels take run-time pages from 0.7.1 on.
+    numbers = [int(p) for p in flashinfer.split(".")[:3] if p.isdigit()]
+    pages = "fixed" if numbers < [0, 7, 1] else "runtime"
+    parts.append(message[f"{pages}_sm120_pages"].strip())
+    return message["title"], "\n\n".join(parts)
 
 
-def _concern_of(path: str) -> str | None:
-    if not any(fnmatch.fnmatch(path, p) for p in FORK_ONLY):
-        for concern in CONCERNS:
-            if any(fnmatch.fnmatch(path, p) for p in _SERIES["files"][concern]):
-                return concern
+def concern_edits(concern: str, base: str) -> list:
+    return [e for e in EDITS if e.concern == concern and e.applies_to(base)]
+
+
+def pull_requests(base: str) -> dict[str, list[str]]:
+    """The base's pull requests in order, each its concerns in order."""
+    return dict(_SERIES["pull_requests"][base])
+
+
+def _concern_of(path: str, base: str | None = None) -> str | None:
+    """The first concern, in ``base``'s order (default: the pin's), whose
+    files include ``path``."""
+    if any(fnmatch.fnmatch(path, p) for p in FORK_ONLY):
+        return None
+    order = [
+        c for pr in pull_requests(base or load_pin().VLLM_VERSION).values() for c in pr
+    ]
+    for concern in order:
+        if any(fnmatch.fnmatch(path, p) for p in _SERIES["files"][concern]):
+            return concern
     return None
 
 
 def series_files() -> dict[str, list[str]]:
-    """The repository's tracked files each patch adds."""
+    """The repository's tracked files each of the pin's patches adds."""
     tracked = subprocess.run(
         ["git", "ls-files"], cwd=REPO, check=True, capture_output=True, text=True
     ).stdout.split()
-    out: dict[str, list[str]] = {c: [] for c in CONCERNS}
+    out: dict[str, list[str]] = {c: [] for c in _SERIES["files"]}
     for path in tracked:
         concern = _concern_of(path)
         if concern is not None and (REPO / path).is_file():
             out[concern].append(path)
     return out
-
-
-def staged_modules(concern: str) -> dict[str, str]:
-    """The new modules later patches extend, as ``concern``'s patch leaves them."""
-    done = CONCERNS.index(concern) + 1
-    return {
-        path: earlier_stage(
-            (REPO / path).read_text(),
-            [name for c in CONCERNS[done:] for name in added.get(c, ())],
-        )
-        for path, added in _SERIES["later_definitions"].items()
-        if _concern_of(path) in CONCERNS[:done]
-    }
 
 
 def extract_pristine(wheel: Path, tree: Path) -> None:
@@ -138,8 +143,10 @@ def default_out_dir() -> Path:
 
 
 def generate(out_dir: Path, author: str | None = None) -> list[Path]:
-    """Write the series to ``out_dir``; its patch files in order."""
+    """Write each pull request's patches to ``out_dir/<name>/``; return every
+    patch file, pull requests in order."""
     pin = load_pin()
+    base = pin.VLLM_VERSION
     identity = signer(author)
     if identity is None:
         log(
@@ -148,35 +155,36 @@ def generate(out_dir: Path, author: str | None = None) -> list[Path]:
         )
     wheel = upstream_wheel()
     files = series_files()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob("*.patch"):
-        old.unlink()
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    patches: list[Path] = []
+    done: list[str] = []
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as zf:
         tree = Path(tmp)
         extract_pristine(wheel, tree)
         _git(tree, "init", "-q")
         _git(tree, "add", "-A")
-        _git(tree, "commit", "-q", "-m", f"vLLM {pin.VLLM_VERSION}")
-        for i, concern in enumerate(CONCERNS):
-            edits = [e for e in EDITS if e.concern in CONCERNS[: i + 1]]
-            edited = apply_edits(lambda p: zf.read(p).decode(), edits, pin.VLLM_VERSION)
-            for path in files[concern]:
-                (tree / path).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(REPO / path, tree / path)
-            for path, text in {**edited, **staged_modules(concern)}.items():
-                (tree / path).write_text(text)
-            title, body = _message(concern, pin.FLASHINFER_VERSION)
-            _git(tree, "add", "-A")
-            if concern == PAGES:
-                changed = _git(tree, "diff", "--cached", "--numstat")
-                body += f"\n\nNon-test lines changed: {non_test_lines(changed)}."
-            message = ["-m", title, "-m", body]
-            if identity is not None:
-                message += ["-m", f"Signed-off-by: {identity[0]} <{identity[1]}>"]
-            _git(tree, "commit", "-q", *message, identity=identity)
-        base = f"HEAD~{len(CONCERNS)}"
-        _git(tree, "format-patch", "-q", "--no-signature", "-o", str(out_dir), base)
-    patches = sorted(out_dir.glob("*.patch"))
+        _git(tree, "commit", "-q", "-m", f"vLLM {base}")
+        for name, concerns in pull_requests(base).items():
+            start = _git(tree, "rev-parse", "HEAD").strip()
+            for concern in concerns:
+                done.append(concern)
+                edits = [e for e in EDITS if e.concern in done]
+                edited = apply_edits(lambda p: zf.read(p).decode(), edits, base)
+                for path in files[concern]:
+                    (tree / path).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(REPO / path, tree / path)
+                for path, text in edited.items():
+                    (tree / path).write_text(text)
+                title, body = _message(concern, pin.FLASHINFER_VERSION, base)
+                _git(tree, "add", "-A")
+                message = ["-m", title, "-m", body]
+                if identity is not None:
+                    message += ["-m", f"Signed-off-by: {identity[0]} <{identity[1]}>"]
+                _git(tree, "commit", "-q", *message, identity=identity)
+            folder = out_dir / name
+            _git(tree, "format-patch", "-q", "--no-signature", "-o", str(folder), start)
+            patches += sorted(folder.glob("*.patch"))
     for patch in patches:
         lines = patch.read_text().splitlines()
         touched = {line[6:] for line in lines if line.startswith("+++ b/")}
@@ -184,7 +192,8 @@ def generate(out_dir: Path, author: str | None = None) -> list[Path]:
             sum(line[:1] == mark and line[:3] != mark * 3 for line in lines)
             for mark in "+-"
         )
-        log(f"{patch.name}: {len(touched)} files, +{added} -{removed}")
+        where = f"{patch.parent.name}/{patch.name}"
+        log(f"{where}: {len(touched)} files, +{added} -{removed}")
     return patches
 
 

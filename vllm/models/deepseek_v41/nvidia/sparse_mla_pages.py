@@ -355,11 +355,8 @@ def check_block_size(
     )
 
 
-def negotiate_layer(
-    vllm_config: VllmConfig, backends: PagedBackends, block_size: int | None = None
-) -> SparseMLAPlan:
-    """Negotiate for a layer about to be built (``block_size``: a --block-size
-    to check as well); log once why a fallback runs."""
+def negotiate_layer(vllm_config: VllmConfig, backends: PagedBackends) -> SparseMLAPlan:
+    """Negotiate for a layer about to be built; log once why a fallback runs."""
     capability = current_platform.get_device_capability()
     if capability is None:
         _refuse("it needs a CUDA GPU; none was found.")
@@ -377,7 +374,9 @@ def negotiate_layer(
             vllm_config.attention_config.use_non_causal,
             speculative.num_speculative_tokens if speculative else None,
         ),
-        block_size=block_size,
+        block_size=(
+            cache_config.block_size if cache_config.user_specified_block_size else None
+        ),
     )
     if plan.note:
         logger.warning_once(plan.note)
