@@ -112,11 +112,3 @@ def test_no_plugin_entry_point_declared():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert "entry-points" not in pyproject.get("project", {})
     assert not (REPO / "vllm" / "plugins").exists()
-
-
-def test_upstream_pr_lists_every_edit_where_it_lands():
-    from tools.fork.edits import markdown_table
-
-    doc = (REPO / "docs" / "upstream-pr.md").read_text()
-    listed = doc.split("<!-- edits:begin -->\n", 1)[1].split("<!-- edits:end -->")[0]
-    assert listed == markdown_table()
