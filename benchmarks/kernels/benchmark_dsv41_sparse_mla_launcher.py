@@ -52,8 +52,8 @@ def _module(path: str | None, device: str):
     module._sparse_mla_fwd_kernel = _NoLaunch()
     module._sparse_mla_combine_kernel = _NoLaunch()
     if device == "cpu":
-        module._num_sms = lambda index: 132
-        module._max_shared_bytes = lambda index: 227 * 1024
+        module.num_compute_units = lambda index: 132
+        module.get_max_shared_memory_bytes = lambda index: 227 * 1024
     return module
 
 

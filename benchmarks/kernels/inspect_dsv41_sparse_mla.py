@@ -72,9 +72,10 @@ def inspect(kmod, capability: int, tile: tuple, packed: bool, split: bool) -> st
     ops = _loop_profile(sass)
     local = sum(n for op, n in ops.items() if op.startswith(("LDL", "STL")))
     mma = ", ".join(f"{n}x {op}" for op, n in sorted(ops.items()) if "MMA" in op)
-    block_h, num_warps, block_n, dv_splits = tile
+    block_h, num_warps, block_n, dv_splits = tile[:4]
+    cap = f" r{tile[4]}" if len(tile) > 4 and tile[4] else ""
     return (
-        f"| bh{block_h} w{num_warps} bn{block_n} dv/{dv_splits} "
+        f"| bh{block_h} w{num_warps} bn{block_n} dv/{dv_splits}{cap} "
         f"| {'split' if split else 'whole'} | {regs} | {stack} "
         f"| {compiled.metadata.shared} | {local} | {sum(ops.values())} | {mma} |"
     )
@@ -110,7 +111,7 @@ def main() -> None:
         for tokens in (1, 128)
         for heads in (16, 32, 64, 128)
     }
-    for tile in sorted(tiles):
+    for tile in sorted(tiles, key=lambda t: tuple(v or 0 for v in t)):
         print(inspect(kmod, args.capability, tile, packed, args.split), flush=True)
 
 

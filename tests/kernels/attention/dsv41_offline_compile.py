@@ -101,19 +101,20 @@ def _signature(fn, packed: bool, consts: dict) -> tuple[dict, dict]:
 def compile_tile(
     kernel_module: ModuleType,
     capability: int,
-    tile: tuple[int, int, int, int],
+    tile: tuple,
     packed: bool,
     split: bool = False,
 ) -> CompiledKernel:
-    """The forward kernel of ``tile`` (block_h, num_warps, block_n,
-    dv_splits) compiled for SM ``capability`` (90, 120, ...), both segments
-    present, with FP8 (``packed``) or BF16 pools."""
-    block_h, num_warps, block_n, dv_splits = tile
+    """The forward kernel of ``tile`` (the module's ``_Tile``, or a tuple
+    block_h, num_warps, block_n, dv_splits[, max_regs]) compiled for SM
+    ``capability`` (90, 120, ...), both segments present, with FP8
+    (``packed``) or BF16 pools."""
+    block_h, num_warps, block_n, dv_splits = tile[:4]
+    max_regs = tile[4] if len(tile) > 4 else None
     fn = kernel_module._sparse_mla_fwd_kernel
     consts = dict(
-        # FP8 pools take the bit-level dequantisation (the launcher's default).
-        SWA_REC=2 if packed else 0,
-        CMP_REC=2 if packed else 0,
+        SWA_REC=1 if packed else 0,
+        CMP_REC=1 if packed else 0,
         HAS_CMP=True,
         HAS_SINKS=True,
         SPLIT=split,
@@ -126,8 +127,9 @@ def compile_tile(
     )
     sig, attrs = _signature(fn, packed, consts)
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    options = {"num_warps": num_warps, "num_stages": 1}
+    if max_regs is not None:
+        options["maxnreg"] = max_regs
     return triton.compile(
-        src,
-        target=GPUTarget("cuda", capability, 32),
-        options={"num_warps": num_warps, "num_stages": 1},
+        src, target=GPUTarget("cuda", capability, 32), options=options
     )

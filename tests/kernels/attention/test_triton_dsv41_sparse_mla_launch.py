@@ -51,8 +51,8 @@ def kernels(monkeypatch):
     module = load_kernel_module()
     monkeypatch.setattr(module, "_sparse_mla_fwd_kernel", Recorder())
     monkeypatch.setattr(module, "_sparse_mla_combine_kernel", Recorder())
-    monkeypatch.setattr(module, "_num_sms", lambda index: H200_SMS)
-    monkeypatch.setattr(module, "_max_shared_bytes", lambda index: 227 * 1024)
+    monkeypatch.setattr(module, "num_compute_units", lambda index: H200_SMS)
+    monkeypatch.setattr(module, "get_max_shared_memory_bytes", lambda index: 227 * 1024)
     monkeypatch.setattr(module, "_own_partials", {})
     monkeypatch.setattr(module, "_plans", {})
     return module
@@ -166,7 +166,7 @@ def test_float8_pools_go_to_the_kernel_unviewed(kernels):
     assert fp8_args[11] is as_fp8["swa_kv_cache"]
     assert fp8_args[11].dtype == torch.float8_e4m3fn
     assert fp8_args[12:15] == bytes_args[12:15] == (64, 64 * RECORD, 576)
-    assert fp8_consts == bytes_consts and fp8_consts["SWA_REC"] == 2
+    assert fp8_consts == bytes_consts and fp8_consts["SWA_REC"] == 1
 
 
 @pytest.fixture

@@ -25,24 +25,26 @@ padding). The page's start is ``kv_cache.stride(0)`` bytes after the previous
 one, which may be more than ``page_size * 584`` (padded pages).
 """
 
-import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
+from vllm.logger import init_logger
 from vllm.triton_utils import tl, triton
+from vllm.utils.math_utils import RCP_LN2, cdiv, next_power_of_2
+from vllm.utils.mem_utils import get_max_shared_memory_bytes
+from vllm.utils.platform_utils import num_compute_units
 from vllm.v1.worker.workspace import (
     current_workspace_manager,
     is_workspace_manager_initialized,
 )
 
+logger = init_logger(__name__)
+
 _HEAD_DIM = 512
-_NOPE_DIM = 448
-_QUANT_BLOCK = 64
 _RECORD_BYTES = 584
 _VALUE_BYTES = 576  # 448 FP8 bytes + 64 BF16 RoPE values
-_SCALE_BYTES = 8
-_LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -54,17 +56,9 @@ def _gather_rows(
     token_stride,
     RECORD: tl.constexpr,
 ):
-    """Issue the loads of ``BLOCK_N`` latent rows, as eight raw 64-column
-    pieces plus (FP8 records) each row's eight scale bytes as one int64.
-    RECORD is 0 (BF16 rows), 1 or 2 (FP8 records); with 2 each piece is a
-    [BLOCK_N, 16] tensor of words (FP8 blocks: 32-bit, four values; the
-    RoPE block: 64-bit, four BF16 values), see ``_dequant``.
-
-    Nothing here waits for the data: the caller consumes the pieces one loop
-    iteration later, so the gather overlaps the previous chunk's math. Rows
-    of dead slots (-1) are masked to zeros, so bytes of unused slots (NaN
-    included) never reach P @ V.
-    """
+    """Issue the loads of ``BLOCK_N`` latent rows as eight raw 64-column
+    pieces and, for FP8 records (RECORD 1), each row's scale bytes as one
+    int64. Rows of dead slots (-1) read as zeros."""
     if RECORD != 0:
         # Packed pools arrive as uint8 or float8_e4m3fn; both are bytes here.
         pool_ptr = pool_ptr.to(tl.pointer_type(tl.uint8))
@@ -74,7 +68,9 @@ def _gather_rows(
     page_base = pool_ptr + page * page_stride
     c = tl.arange(0, 64)[None, :]
     m = valid[:, None]
-    if RECORD == 2:
+    if RECORD == 1:
+        # FP8 pieces as 32-bit words of four values; the RoPE block as 64-bit
+        # words of four BF16 values, so all pieces share one layout.
         rec = (page_base + in_page * 576)[:, None]
         w = rec.to(tl.pointer_type(tl.uint32))
         c4 = tl.arange(0, 16)[None, :]
@@ -85,26 +81,7 @@ def _gather_rows(
         r4 = tl.load(w + (64 + c4), mask=m, other=0)
         r5 = tl.load(w + (80 + c4), mask=m, other=0)
         r6 = tl.load(w + (96 + c4), mask=m, other=0)
-        # The BF16 RoPE block as [N, 16] 64-bit words (four values each),
-        # so that it goes through the same [N, 16] -> [N, 64] joins as the FP8
-        # pieces and the tile is joined without layout conversions.
         r7 = tl.load((rec + 448).to(tl.pointer_type(tl.uint64)) + c4, mask=m, other=0)
-        sc_ptr = (page_base + page_size * 576 + in_page * 8).to(
-            tl.pointer_type(tl.int64)
-        )
-        sc = tl.load(sc_ptr, mask=valid, other=0)
-    elif RECORD == 1:
-        rec = (page_base + in_page * 576)[:, None]
-        r0 = tl.load(rec + c, mask=m, other=0)
-        r1 = tl.load(rec + (64 + c), mask=m, other=0)
-        r2 = tl.load(rec + (128 + c), mask=m, other=0)
-        r3 = tl.load(rec + (192 + c), mask=m, other=0)
-        r4 = tl.load(rec + (256 + c), mask=m, other=0)
-        r5 = tl.load(rec + (320 + c), mask=m, other=0)
-        r6 = tl.load(rec + (384 + c), mask=m, other=0)
-        r7 = tl.load((rec + 448).to(tl.pointer_type(tl.bfloat16)) + c, mask=m, other=0)
-        # The 8 scale bytes of a row are 8-byte aligned (the launcher checks
-        # the page stride): one 64-bit load instead of seven byte loads.
         sc_ptr = (page_base + page_size * 576 + in_page * 8).to(
             tl.pointer_type(tl.int64)
         )
@@ -125,7 +102,7 @@ def _gather_rows(
 
 @triton.jit
 def _lanes(x):
-    """The low and high 16-bit halves of each 32-bit word of ``x``, as BF16."""
+    """The low and high 16-bit halves of 32-bit words, as BF16."""
     lo = x.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     hi = (x >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
     return lo, hi
@@ -133,53 +110,33 @@ def _lanes(x):
 
 @triton.jit
 def _quad(c0, c1, c2, c3):
-    """Four [N, 16] tensors holding columns 4k, 4k + 1, 4k + 2 and 4k + 3 ->
-    [N, 64] in column order. ``join(a, b)`` stacks along a new last dim, so
-    x[n, k, i, j] holds column 4k + 2i + j; join and reshape only (no
-    permute), which lower to register renaming."""
+    """[N, 16] tensors of columns 4k, 4k+1, 4k+2, 4k+3 -> [N, 64] in order
+    (x[n, k, i, j] is column 4k + 2i + j; no permute, so no data movement)."""
     x = tl.join(tl.join(c0, c2), tl.join(c1, c3))
     return tl.reshape(x, (x.shape[0], 64))
 
 
 @triton.jit
 def _dequant(raw, sc, j: tl.constexpr, RECORD: tl.constexpr):
-    """Piece ``j`` (columns 64j..64j+63) of a gathered tile as BF16.
-
-    RECORD 1 dequantises FP8 pieces through Triton's cast, RECORD 2 by
-    moving bits (below); both give the same BF16 values.
-    """
+    """Piece ``j`` (columns 64j..64j+63) of a gathered tile as BF16."""
     out = raw
     if RECORD == 1 and j < 7:
-        # UE8M0 byte e encodes 2 ** (e - 127): exactly the float32 whose
-        # exponent field is e. A power of two keeps the BF16 product exact.
-        e = ((sc >> (8 * j)) & 0xFF).to(tl.int32)
-        scale = (e << 23).to(tl.float32, bitcast=True).to(tl.bfloat16)
-        out = raw.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16) * scale[:, None]
-    elif RECORD == 2 and j < 7:
-        # E4M3 -> BF16 by moving bits. Triton's cast lowers on SM90 to an
-        # FP8 -> FP16 unpack plus one FP16 -> BF16 convert per value, on the
-        # slow conversion pipe (~1.5 conversions a value). An E4M3 byte
-        # s.eeee.mmm placed as the BF16 bits s.0000eeee.mmm0000 is exactly its
-        # value times 2 ** -120, zeros and subnormals included (the exponent
-        # fields line up and BF16 keeps subnormals). A word holds columns
-        # 4k..4k+3, byte 0 first; shifts and masks on whole words (full-rate
-        # integer ops) make two words of two BF16 each. Measured on the H200
-        # (Triton 3.6): 128 tokens x 64 heads 83.1 -> 72.8 us, x 128 heads
-        # 134.6 -> 119.7 us against the cast (RECORD 1).
+        # E4M3 -> BF16 by moving bits, which avoids the slow conversion
+        # instructions: the byte s.eeee.mmm placed as BF16 bits
+        # s.0000eeee.mmm0000 is its value times 2 ** -120 exactly, zeros and
+        # subnormals included. A word holds columns 4k..4k+3, byte 0 first.
         ev = ((raw << 8) & 0x80008000) | ((raw << 4) & 0x07F007F0)  # 4k, 4k+2
         od = (raw & 0x80008000) | ((raw >> 4) & 0x07F007F0)  # 4k+1, 4k+3
         c0, c2 = _lanes(ev)
         c1, c3 = _lanes(od)
         x = _quad(c0, c1, c2, c3)
-        # UE8M0 byte e encodes 2 ** (e - 127); with the 2 ** 120 above the
-        # factor is 2 ** (e - 7), a BF16 power of two (exact products) for
-        # e <= 134. Larger scales (valid, though vLLM's quantiser does not
-        # write them for normalised latents) take a second exact factor.
+        # The UE8M0 byte e encodes 2 ** (e - 127), so the factor is
+        # 2 ** (e - 7): one exact BF16 power of two up to e = 134, two above.
         e = ((sc >> (8 * j)) & 0xFF).to(tl.int32)
         f1 = ((tl.minimum(e, 134) + 120) << 23).to(tl.float32, bitcast=True)
         f2 = ((tl.maximum(e, 134) - 7) << 23).to(tl.float32, bitcast=True)
         out = x * f2.to(tl.bfloat16)[:, None] * f1.to(tl.bfloat16)[:, None]
-    elif RECORD == 2:
+    elif RECORD == 1:
         # The RoPE block: 64-bit words of four BF16 values each.
         c0 = raw.to(tl.uint16).to(tl.bfloat16, bitcast=True)
         c1 = (raw >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -191,8 +148,7 @@ def _dequant(raw, sc, j: tl.constexpr, RECORD: tl.constexpr):
 
 @triton.jit
 def _cat(a, b):
-    """[R, W] ++ [R, W] -> [R, 2W] along columns. join/permute/reshape lower
-    to a register renaming (no shared-memory round trip)."""
+    """[R, W] ++ [R, W] -> [R, 2W] along columns, in registers."""
     R: tl.constexpr = a.shape[0]
     W: tl.constexpr = a.shape[1]
     return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (R, 2 * W))
@@ -200,10 +156,8 @@ def _cat(a, b):
 
 @triton.jit
 def _kv_tiles(raw, dv_part, RECORD: tl.constexpr, DV_SPLITS: tl.constexpr):
-    """The [BLOCK_N, 512] BF16 K tile of one chunk from its raw pieces
-    (``_gather_rows``), and the V tile: the same rows, restricted to this
-    program's output dims (half of them, picked by ``dv_part``, when
-    DV_SPLITS is 2)."""
+    """The [BLOCK_N, 512] BF16 K tile of a chunk and its V tile (the same
+    rows; with DV_SPLITS 2, the half of the columns ``dv_part`` picks)."""
     sc = raw[8]
     lo = _cat(
         _cat(_dequant(raw[0], sc, 0, RECORD), _dequant(raw[1], sc, 1, RECORD)),
@@ -220,17 +174,15 @@ def _kv_tiles(raw, dv_part, RECORD: tl.constexpr, DV_SPLITS: tl.constexpr):
     return k, v
 
 
-# A segment, as the kernel walks it: (slot-id row pointer, slot-id stride,
+# A segment as the kernel walks it: (slot-id row pointer, slot-id stride,
 # live length, first chunk of this program, pool pointer, page size, page
 # stride, token stride).
 
 
 @triton.jit
 def _chunk_slots(i, n_a, n_total, seg_a, seg_b, BLOCK_N: tl.constexpr):
-    """Slot ids of the ``i``-th chunk this program walks: chunks [0, n_a)
-    come from segment A starting at its first chunk, the rest from segment
-    B. Past ``n_total`` (a prefetch beyond the end) every entry is -1.
-    Entries past a row's length read as -1."""
+    """Slot ids of this program's ``i``-th chunk: chunks [0, n_a) from
+    segment A, the rest from B; -1 past a row's length and past n_total."""
     in_a = i < n_a
     chunk = tl.where(in_a, seg_a[3] + i, seg_b[3] + i - n_a)
     idx_ptr = tl.where(in_a, seg_a[0], seg_b[0])
@@ -274,47 +226,32 @@ def _attend_chunks(
     BLOCK_N: tl.constexpr,
     DV_SPLITS: tl.constexpr,
 ):
-    """Online-softmax accumulation over ``n_total`` chunks of candidates: the
-    first ``n_a`` from segment A, the rest from segment B (same record
-    format). Scores are kept in the base-2 domain (qk_scale has log2 e).
-
-    One loop walks both segments, so the prefetch below runs across the
-    segment boundary and there is one loop body for ptxas to allocate.
-    A chunk's rows are gathered as eight raw 64-column pieces (seven FP8
-    blocks, each with one scale per row, and the BF16 RoPE block) and joined
-    into one BF16 tile only when they are consumed, so a chunk costs one
-    Q.K and one P.V wgmma.
-    Software pipelining by hand: chunk i+1's rows are gathered while chunk i
-    is multiplied, and chunk i+2's slot ids are read one step before that
-    (Triton's own pipeliner does not touch gathers that are dequantised in
-    registers before the dot).
-    """
+    """Online softmax (base 2) over ``n_total`` chunks, the first ``n_a``
+    from segment A and the rest from B, in one loop so that the prefetch
+    crosses the boundary. Pipelined by hand: chunk i+1's rows are gathered
+    while chunk i is multiplied, and chunk i+2's slot ids one step earlier
+    (Triton's pipeliner leaves gathers that are dequantised in registers)."""
     slots = _chunk_slots(0, n_a, n_total, seg_a, seg_b, BLOCK_N)
     raw = _chunk_rows(0, n_a, slots, seg_a, seg_b, RECORD)
     slots_next = _chunk_slots(1, n_a, n_total, seg_a, seg_b, BLOCK_N)
     for i in range(0, n_total):
         valid = slots >= 0
         k, v = _kv_tiles(raw, dv_part, RECORD, DV_SPLITS)
-        # Chunk i's raw rows are now consumed: issue chunk i+1's gather at
-        # once, so it overlaps Q.K, the softmax and P.V.
+        # Chunk i's raw rows are consumed: issue chunk i+1's gather now.
         slots = slots_next
         raw = _chunk_rows(i + 1, n_a, slots, seg_a, seg_b, RECORD)
         slots_next = _chunk_slots(i + 2, n_a, n_total, seg_a, seg_b, BLOCK_N)
         s = tl.dot(q, tl.trans(k))
-        # The two branches are the same; the branch is there for Triton's
-        # layout pass, which cannot see through it. A dot whose result feeds
-        # another dot gets all its warps along M, so with one 64-row block
-        # both warpgroups would compute the whole score tile; seen as a
-        # plain dot it is split between them (sm_90a, 64 heads: 32 instead
-        # of 64 wgmmas per chunk, and no register spill). The condition only
-        # has to be unknown when compiling: qk_scale is always positive.
+        # Both branches are the same. Triton gives a dot that feeds another
+        # dot all its warps along M, so both warpgroups of a 64-row block
+        # would compute the whole score tile; the branch hides the second
+        # dot from that layout pass, and the tile is split between them.
         if qk_scale > 0:
             s = _masked_scores(s, valid, qk_scale)
         else:
             s = _masked_scores(s, valid, qk_scale)
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row whose candidates so far are all masked keeps m = -inf; shift
-        # by 0 instead so exp2 sees -inf - 0 rather than -inf - -inf = NaN.
+        # Rows with no live candidate yet keep m = -inf: shift them by 0.
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha_row = tl.exp2(m_i - m_shift)
         alpha = alpha_row[:, None]
@@ -371,8 +308,8 @@ def _sparse_mla_fwd_kernel(
     DV_SPLITS: tl.constexpr,
 ):
     DV: tl.constexpr = 512 // DV_SPLITS
-    # The programs of one token (head blocks x output-dim parts) are adjacent
-    # in launch order, so they run together and share its rows through L2.
+    # A token's programs are adjacent in launch order: they share its rows
+    # through L2.
     per_token = tl.cdiv(num_heads, BLOCK_H) * DV_SPLITS
     pid = tl.program_id(0)
     t = (pid // per_token).to(tl.int64)
@@ -392,9 +329,8 @@ def _sparse_mla_fwd_kernel(
     m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
 
-    # The two segments form one virtual candidate list, cut into chunks of
-    # BLOCK_N; this program owns chunks [lo, hi) of it. Chunks past a row's
-    # length are skipped without touching memory.
+    # Both segments form one candidate list in chunks of BLOCK_N; this
+    # program owns chunks [lo, hi). Chunks past a row's length are skipped.
     lo = split * chunks_per_split
     hi = lo + chunks_per_split
     swa_chunks = tl.cdiv(swa_cap, BLOCK_N)
@@ -478,8 +414,8 @@ def _sparse_mla_fwd_kernel(
             )
 
     if SPLIT:
-        # Partial results are normalised per split so the combine kernel only
-        # needs each split's log-sum-exp to weight them.
+        # Normalised per split; the combine kernel weights them by their
+        # log-sum-exp.
         inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_i), float("-inf"))
         row = (t * num_heads + heads) * num_splits + split
@@ -492,8 +428,8 @@ def _sparse_mla_fwd_kernel(
     else:
         denom = l_i
         if HAS_SINKS:
-            # The sink is one more logit in the softmax denominator with no
-            # value row: it only rescales the output.
+            # A sink is a logit without a value row: it only adds to the
+            # denominator.
             sink = tl.load(sinks_ptr + heads, mask=hmask, other=float("-inf"))
             m_shift = tl.where(m_i == float("-inf"), 0.0, m_i)
             denom += tl.exp2(sink * 1.4426950408889634 - m_shift)
@@ -519,11 +455,8 @@ def _sparse_mla_combine_kernel(
     SPLITS_POW2: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """One program per (token, head, BLOCK_D output dims): all splits' partial
-    rows are read in one [SPLITS_POW2, BLOCK_D] load (no loop of dependent
-    round trips). The launcher narrows BLOCK_D only when there are too few
-    (token, head) rows to fill the GPU: each program costs about one memory
-    round trip, so extra waves of programs cost more than they save."""
+    """Merge the splits' partial rows of one (token, head, BLOCK_D output
+    columns), all splits in one load."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -553,19 +486,11 @@ def _sparse_mla_combine_kernel(
     )
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _pool_geometry(
     pool: torch.Tensor, kv_layout: str, name: str
 ) -> tuple[bool, int, int, int]:
-    """Return (is_fp8_record, page_size, page_stride, token_stride).
-
-    Strides are in bytes for packed records (uint8 or float8_e4m3fn, which
-    the kernel reads as bytes alike) and in BF16 elements otherwise.
-    """
+    """(is_fp8_record, page_size, page_stride, token_stride); strides in
+    bytes for packed records, in elements for BF16 rows."""
     packed = pool.dtype in (torch.uint8, torch.float8_e4m3fn)
     if pool.ndim == 4:
         page_dim = 2 if kv_layout == "HND" else 1
@@ -617,8 +542,8 @@ def _pool_geometry(
 def _index_geometry(
     indices: torch.Tensor, num_tokens: int, name: str
 ) -> tuple[int, int, int]:
-    """(token stride, entry stride, width) of ``[tokens, 1, k]`` or
-    ``[tokens, k]`` slot ids, read in place."""
+    """(token stride, entry stride, width) of [tokens, 1, k] or [tokens, k]
+    slot ids."""
     if indices.dtype != torch.int32:
         raise ValueError(f"{name} must be int32, got {indices.dtype}")
     if indices.ndim == 3 and indices.shape[1] != 1:
@@ -630,93 +555,60 @@ def _index_geometry(
     return indices.stride(0), indices.stride(-1), indices.shape[-1]
 
 
+class _Tile(NamedTuple):
+    """Heads, warps and candidates a program takes, how many parts the 512
+    output columns are cut into, and an optional register cap per thread."""
+
+    block_h: int
+    num_warps: int
+    block_n: int
+    dv_splits: int
+    max_regs: int | None = None
+
+
 def _tile_shared_bytes(block_h: int, block_n: int) -> int:
-    """Shared memory one program of a tile needs, at most: the query block
-    and one chunk of rows as BF16 MMA operands, up to 128 B per head for the
-    compiler's layout conversions and 1 KB for its barriers. Tests compile
-    every default tile for each GPU family the kernel runs on and check that
-    the compiler stays within this bound."""
+    """An upper bound of one program's shared memory: the query block and a
+    chunk of rows as BF16 MMA operands, layout conversions and barriers."""
     return 2 * _HEAD_DIM * (block_h + block_n) + 128 * block_h + 1024
 
 
-@functools.cache
-def _max_shared_bytes(device_index: int) -> int:
-    # The same opt-in limit vllm.utils.mem_utils.get_max_shared_memory_bytes
-    # reads, but through torch: this module needs only Triton, not vLLM's
-    # compiled extensions.
-    props = torch.cuda.get_device_properties(device_index)
-    return props.shared_memory_per_block_optin
+# Tiles for GPUs with 99 KB of shared memory per block, in order of
+# preference: the query blocks of the tuned tiles do not fit there.
+_SMALL_SHARED_TILES = (
+    _Tile(64, 8, 16, 1),
+    _Tile(32, 8, 32, 1),
+    _Tile(16, 4, 32, 1),
+)
 
 
-# Tiles for GPUs with 99 KB of shared memory per program (SM89, SM12x), in
-# order of preference: the query blocks of the tuned tiles do not fit there.
-_SMALL_SHARED_TILES = ((64, 8, 16, 1), (32, 8, 32, 1), (16, 4, 32, 1))
-
-
-def _tuned_tile(
-    num_tokens: int, num_heads: int, packed: bool
-) -> tuple[int, int, int, int]:
-    """(block_h, num_warps, block_n, dv_splits): tiles that compile for
-    sm_90 with no or few register spills, picked by timing on an H200.
-
-    The [block_h, 512 / dv_splits] float32 accumulator bounds the tile: 64
-    heads by 512 dims take 128 registers per thread with 8 warps. The next
-    chunk's raw rows wait in registers too, and BF16 rows take twice the
-    registers of packed FP8 ones, hence the smaller chunk for them.
-
-    FP8 with few (token, head) rows: 16-head blocks, so that more programs
-    (two per multiprocessor) share each token's candidate list (H200, same
-    run: 1 x 64 heads 16.7 -> 14.3 us, 1 x 128 17.6 -> 16.7, 4 x 64
-    20.4 -> 19.3 against the 64-head blocks; with 8 tokens the 64-head block
-    is faster again).
-
-    FP8 with many tokens: 64-head blocks (128 heads as two) of 64-candidate
-    chunks, which spread the loop's fixed cost over twice the candidates
-    (H200, 128 tokens x 64 / 128 heads: 63.9 -> 59.5 us / 118.8 -> 107.1
-    against 32-candidate chunks and, for 128 heads, the 128-head block
-    below; 32 tokens x 128 heads: 49.3 -> 40.1). With fewer tokens and 64
-    heads the candidate list is cut over more programs, and smaller chunks
-    keep them busy (32 x 64: 30.7 against 31.5 us).
-
-    FP8 with 17 to 32 heads and many tokens: the 64-head tile, its upper
-    rows masked. A 32-head block lowers to the warp-level MMA, the 64-head
-    one to the warpgroup MMA; the masked rows cost less than that (H200,
-    same run: 128 tokens x 32 heads 73.3 us with bh32 w8 bn32, 68.7 with
-    bh32 bn64, against 59.2 us for 64 heads on the 64-head tile).
-
-    BF16 rows with more than 64 heads: one 128-head block per output half
-    (timed on FP8 before the 64-head score tile was split between
-    warpgroups, where it beat two 64-head blocks from 32 tokens on); with
-    fewer tokens the 64-head blocks give more programs to spread the
-    candidate list over. No 16-warp tile is used: at 128 registers per
-    thread they spill (H200, 128 x 128: 131 us for bh64 bn64).
-    """
+def _tuned_tile(num_tokens: int, num_heads: int, packed: bool) -> _Tile:
+    """Tiles timed on an H200 (see the benchmark). The [block_h, 512]
+    float32 accumulator and the next chunk's raw rows share the registers,
+    which bounds block_h * block_n; BF16 rows take twice the registers."""
     if num_heads <= 16:
-        return 16, 4, 32, 1
+        return _Tile(16, 4, 32, 1)
     if num_heads <= 32 and not (packed and num_tokens >= 128):
-        return 32, 8, 32, 1
+        return _Tile(32, 8, 32, 1)
     if packed and num_tokens * num_heads <= 256:
-        return 16, 4, 32, 1
+        return _Tile(16, 4, 32, 1)
     if packed and (num_tokens >= 128 or (num_heads > 64 and num_tokens >= 32)):
-        return 64, 8, 64, 1
+        return _Tile(64, 8, 64, 1)
     if num_heads > 64 and num_tokens >= 32:
-        return 128, 8, 32, 2
-    return 64, 8, 32 if packed else 16, 1
+        return _Tile(128, 8, 32, 2)
+    return _Tile(64, 8, 32 if packed else 16, 1)
 
 
 def _default_tile(
     num_tokens: int, num_heads: int, packed: bool, max_shared: int
-) -> tuple[int, int, int, int]:
-    """The tuned tile if its shared memory fits in ``max_shared`` bytes, else
-    the first smaller one that fits (a tile that does not fit would only fail
-    when Triton loads it, at the first request)."""
-    # Fallbacks no taller than the heads need: without the warpgroup MMA of
-    # the H200 (SM12x has none) masked head rows are only cost.
-    tallest = max(16, 1 << (num_heads - 1).bit_length())
-    fallbacks = [tile for tile in _SMALL_SHARED_TILES if tile[0] <= tallest]
+) -> _Tile:
+    """The tile a call runs: the tuned one if it fits in ``max_shared``
+    bytes, else the first smaller one that fits."""
+    # No taller than the heads need: without the warpgroup MMA (SM12x has
+    # none) masked head rows are only cost.
+    tallest = max(16, next_power_of_2(num_heads))
+    fallbacks = [tile for tile in _SMALL_SHARED_TILES if tile.block_h <= tallest]
     for tile in (_tuned_tile(num_tokens, num_heads, packed), *fallbacks):
-        block_h, _, block_n, _ = tile
-        if _tile_shared_bytes(block_h, block_n) <= max_shared:
+        if _tile_shared_bytes(tile.block_h, tile.block_n) <= max_shared:
             return tile
     raise ValueError(
         f"the Triton sparse-MLA kernel needs {_tile_shared_bytes(16, 32)} B of "
@@ -724,60 +616,44 @@ def _default_tile(
     )
 
 
+def _programs_per_sm(tile: _Tile) -> int:
+    """Programs of a tile that fit a multiprocessor's registers together."""
+    if tile.block_h > 16 or tile.num_warps > 4:
+        return 1
+    return 3 if tile.max_regs is not None and tile.max_regs <= 168 else 2
+
+
 def _default_splits(
     base_programs: int, num_chunks: int, device: torch.device, per_sm: int = 1
 ) -> int:
-    """Cut the candidate list only while the (token, head block, output-dim
-    part) grid alone leaves multiprocessors idle; about one wave in all, of
-    ``per_sm`` programs per multiprocessor."""
-    sms = _num_sms(device.index if device.index is not None else 0)
+    """Cut the candidate list only while the (token, head block, output
+    part) grid leaves multiprocessors idle: about one wave in all."""
+    sms = num_compute_units(device.index or 0)
     return max(1, min(num_chunks, per_sm * sms // base_programs))
 
 
 def _even_splits(num_chunks: int, num_splits: int) -> tuple[int, int]:
-    """(splits, chunks per split) that run for ``num_splits`` asked: every
-    split gets the same number of chunks, so none is left with an empty range
-    by the rounding (20 chunks over 16 splits run as 10 splits of 2)."""
-    chunks_per_split = _cdiv(num_chunks, max(1, min(num_splits, num_chunks)))
-    return _cdiv(num_chunks, chunks_per_split), chunks_per_split
+    """(splits, chunks per split) that run for ``num_splits`` asked, every
+    split with the same number of chunks (20 over 16 run as 10 of 2)."""
+    chunks_per_split = cdiv(num_chunks, max(1, min(num_splits, num_chunks)))
+    return cdiv(num_chunks, chunks_per_split), chunks_per_split
 
 
-def _programs_per_sm(block_h: int, num_warps: int) -> int:
-    """Programs of a tile that share a multiprocessor. The 16-head 4-warp
-    tile holds a [16, 512] accumulator in 64 registers per thread, so two
-    programs fit and one alone leaves it mostly idle (H200, 128 tokens x 16
-    heads: 64.0 us with one program per token, 55.9 us with two splits);
-    the wider tiles use all registers or most shared memory."""
-    return 2 if block_h <= 16 and num_warps <= 4 else 1
-
-
-def _cdiv(a: int, b: int) -> int:
-    # Host arithmetic in plain Python: triton.cdiv is a JIT function, and
-    # calling one from Python costs microseconds.
-    return -(-a // b)
-
-
-# A split plan has at most programs-per-SM x SMs programs of up to 64
-# (token, head) rows each (the splits are cut only while the grid leaves SMs
-# idle), so 64 rows per SM bound its partial results: 17 MB on a 132-SM H200.
-_WORKSPACE_ROWS_PER_SM = 64
+# A default plan has at most (programs per SM) x SMs programs of up to 64
+# (token, head) rows each, so 64 rows per SM bound its partial results.
+_PARTIAL_ROWS_PER_SM = 64
 
 
 class _Partials:
-    """A partial-result buffer (float32: 512 values and a log-sum-exp per
-    (token, head, split) row) and its views by (tokens, heads, splits), kept
-    so that a call makes no tensor."""
+    """The partial-result buffer (float32: 512 values and a log-sum-exp per
+    (token, head, split) row), sized once, and its views by shape, kept so
+    that a call makes no tensor. Its storage never changes, so a captured
+    CUDA graph keeps addressing live memory."""
 
     def __init__(self, device: torch.device) -> None:
-        index = device.index if device.index is not None else 0
-        self.device = device
-        self.rows = _WORKSPACE_ROWS_PER_SM * _num_sms(index)
-        self._retired: list[torch.Tensor] = []
-        self._alloc()
-
-    def _alloc(self) -> None:
+        self.rows = _PARTIAL_ROWS_PER_SM * num_compute_units(device.index or 0)
         self.buffer = torch.empty(
-            self.rows * (_HEAD_DIM + 1), dtype=torch.float32, device=self.device
+            self.rows * (_HEAD_DIM + 1), dtype=torch.float32, device=device
         )
         self._views: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
 
@@ -785,11 +661,7 @@ class _Partials:
         views = self._views.get(shape)
         if views is None:
             rows = shape[0] * shape[1] * shape[2]
-            if rows > self.rows:  # a split count set by hand (tests)
-                # A graph captured earlier may still address the old buffer.
-                self._retired.append(self.buffer)
-                self.rows = rows
-                self._alloc()
+            assert rows <= self.rows, (shape, self.rows)
             views = (
                 self.buffer[: rows * _HEAD_DIM].view(*shape, _HEAD_DIM),
                 self.buffer[rows * _HEAD_DIM : rows * (_HEAD_DIM + 1)].view(shape),
@@ -804,13 +676,11 @@ _own_partials: dict[torch.device, _Partials] = {}
 
 def _partials(device: torch.device) -> _Partials:
     """The partial-result buffer of this call. Inside vLLM's workspace
-    manager each micro-batch and lane owns one, so concurrent micro-batches
-    never share it; calls of one owner are ordered on one stream, as a
-    model's layers are. The first call there (vLLM's profiling run, before
-    any CUDA graph is captured) makes it. Without the manager's keyed
-    resources (kernel tests, benchmarks) there is one per device."""
+    manager each micro-batch and lane owns one, made by the first call (the
+    profiling run, before any graph capture); elsewhere one per device."""
     if is_workspace_manager_initialized():
         manager = current_workspace_manager()
+        # Managers without keyed resources fall through to the device's own.
         if hasattr(manager, "get_persistent_resource"):
             return manager.get_persistent_resource(
                 (_PARTIALS_KEY, device), lambda: _Partials(device)
@@ -822,30 +692,40 @@ def _partials(device: torch.device) -> _Partials:
 
 
 @dataclass(frozen=True)
-class _LaunchPlan:
-    """What a call derives from its tensors' geometry alone: the launch
-    grids, the scalar arguments that are not tensors, the compile-time
-    constants and views of the partial-result buffer. One is made per
-    geometry, so within a step only the first layer's call plans."""
+class _Geometry:
+    """What a call's tensors say about the launch, checked once."""
 
-    grid: tuple[int, int]
+    num_tokens: int
+    num_heads: int
     q_strides: tuple[int, int]
     out_strides: tuple[int, int]
-    num_heads: int
-    swa: tuple[int, ...]  # page size, page stride, token stride
+    swa_rec: int  # 1: packed FP8 records, 0: BF16 rows
+    swa: tuple[int, int, int]  # page size, page stride, token stride
     swa_index: tuple[int, int, int]  # token stride, entry stride, width
-    cmp: tuple[int, ...]
+    has_cmp: bool
+    cmp_rec: int
+    cmp: tuple[int, int, int]
     cmp_index: tuple[int, int, int]
+    has_sinks: bool
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class _LaunchPlan:
+    """The grids, scalar arguments and compile-time constants of a call."""
+
+    geometry: _Geometry
+    tile: _Tile
+    grid: tuple[int, int]
     chunks_per_split: int
     num_splits: int
-    device: torch.device
     partials: tuple[int, int, int] | None  # (tokens, heads, splits)
     constants: dict
     combine_grid: tuple[int, int, int] | None
     combine_constants: dict
 
 
-def _plan(
+def _geometry(
     query: torch.Tensor,
     swa_kv_cache: torch.Tensor,
     sparse_indices: torch.Tensor,
@@ -855,15 +735,8 @@ def _plan(
     extra_sparse_indices: torch.Tensor | None,
     extra_sparse_topk_lens: torch.Tensor | None,
     kv_layout: str,
-    block_n: int | None = None,
-    block_h: int | None = None,
-    num_splits: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int = 1,
-    dv_splits: int | None = None,
-    bit_dequant: bool | None = None,
-) -> _LaunchPlan | None:
-    """Check the arguments' geometry and plan the launch (None: no tokens)."""
+) -> _Geometry | None:
+    """Check the arguments (None: no tokens)."""
     if query.ndim != 3 or query.shape[-1] != _HEAD_DIM:
         raise ValueError(f"query must be [tokens, heads, 512], got {query.shape}")
     if query.dtype != torch.bfloat16:
@@ -888,10 +761,8 @@ def _plan(
         raise ValueError(f"sinks must be float32 of shape ({num_heads},)")
     if num_tokens == 0:
         return None
-
     swa_fp8, *swa = _pool_geometry(swa_kv_cache, kv_layout, "swa_kv_cache")
     swa_index = _index_geometry(sparse_indices, num_tokens, "sparse_indices")
-    swa_cap = swa_index[2]
     if has_cmp:
         assert compressed_kv_cache is not None and extra_sparse_indices is not None
         cmp_fp8, *cmp = _pool_geometry(
@@ -903,86 +774,171 @@ def _plan(
     else:
         # Never dereferenced: HAS_CMP is a compile-time False.
         cmp_fp8, cmp, cmp_index = False, [1, 0, 0], (0, 0, 0)
-    cmp_cap = cmp_index[2]
-
-    # Record handling per segment: 0 BF16 rows, 1 FP8 through Triton's cast,
-    # 2 FP8 through the bit-level dequantisation (``_dequant``).
-    fp8_rec = 2 if bit_dequant is None or bit_dequant else 1
-    device = query.device
-    device_index = device.index if device.index is not None else 0
-    default_bh, default_warps, default_bn, default_dv = _default_tile(
-        num_tokens,
-        num_heads,
-        swa_fp8 and (cmp_fp8 or not has_cmp),
-        _max_shared_bytes(device_index),
+    return _Geometry(
+        num_tokens=num_tokens,
+        num_heads=num_heads,
+        q_strides=(query.stride(0), query.stride(1)),
+        out_strides=(out.stride(0), out.stride(1)),
+        swa_rec=int(swa_fp8),
+        swa=tuple(swa),
+        swa_index=swa_index,
+        has_cmp=has_cmp,
+        cmp_rec=int(cmp_fp8),
+        cmp=tuple(cmp),
+        cmp_index=cmp_index,
+        has_sinks=sinks is not None,
+        device=query.device,
     )
-    block_h = block_h or default_bh
-    num_warps = num_warps or default_warps
-    block_n = block_n or default_bn
-    dv_splits = dv_splits or default_dv
-    if dv_splits not in (1, 2):
-        raise ValueError(f"dv_splits must be 1 or 2, got {dv_splits}")
-    num_chunks = max(_cdiv(swa_cap, block_n) + _cdiv(cmp_cap, block_n), 1)
-    base = num_tokens * _cdiv(num_heads, block_h) * dv_splits
-    num_splits = num_splits or _default_splits(
-        base, num_chunks, device, _programs_per_sm(block_h, num_warps)
+
+
+def _make_plan(geometry: _Geometry, tile: _Tile, num_splits: int) -> _LaunchPlan:
+    """The launch of ``geometry`` with ``tile``, its candidate list cut into
+    (about) ``num_splits`` parts."""
+    g = geometry
+    if tile.dv_splits not in (1, 2):
+        raise ValueError(f"dv_splits must be 1 or 2, got {tile.dv_splits}")
+    num_chunks = max(
+        cdiv(g.swa_index[2], tile.block_n) + cdiv(g.cmp_index[2], tile.block_n), 1
     )
     num_splits, chunks_per_split = _even_splits(num_chunks, num_splits)
-
     # Made here even for a plan that does not split, so that the first call
     # (the profiling run's) makes it.
-    _partials(device)
+    partials = _partials(g.device)
+    if g.num_tokens * g.num_heads * num_splits > partials.rows and num_splits > 1:
+        raise ValueError(
+            f"{num_splits} splits of {g.num_tokens} x {g.num_heads} rows exceed "
+            f"the {partials.rows} partial-result rows"
+        )
     combine_grid, combine_constants = None, {}
     if num_splits > 1:
-        sms = _num_sms(device_index)
-        combine_bd = (
-            128
-            if num_tokens * num_heads < sms
-            else 256
-            if num_tokens * num_heads < 2 * sms
-            else 512
-        )
-        splits_pow2 = 1 << (num_splits - 1).bit_length()
-        combine_grid = (num_tokens, num_heads, _HEAD_DIM // combine_bd)
+        rows, sms = g.num_tokens * g.num_heads, num_compute_units(g.device.index or 0)
+        # Narrow column blocks only while the (token, head) rows alone leave
+        # SMs idle: a combine program costs about one memory round trip.
+        combine_bd = 128 if rows < sms else 256 if rows < 2 * sms else 512
+        splits_pow2 = next_power_of_2(num_splits)
+        combine_grid = (g.num_tokens, g.num_heads, _HEAD_DIM // combine_bd)
         combine_constants = dict(
-            HAS_SINKS=sinks is not None,
+            HAS_SINKS=g.has_sinks,
             SPLITS_POW2=splits_pow2,
             BLOCK_D=combine_bd,
             num_warps=8 if splits_pow2 * combine_bd >= 8192 else 4,
         )
+    constants = dict(
+        SWA_REC=g.swa_rec,
+        HAS_CMP=g.has_cmp,
+        CMP_REC=g.cmp_rec,
+        HAS_SINKS=g.has_sinks,
+        SPLIT=num_splits > 1,
+        BLOCK_H=tile.block_h,
+        BLOCK_N=tile.block_n,
+        DV_SPLITS=tile.dv_splits,
+        num_warps=tile.num_warps,
+        num_stages=1,
+    )
+    if tile.max_regs is not None:
+        constants["maxnreg"] = tile.max_regs
+    base = g.num_tokens * cdiv(g.num_heads, tile.block_h) * tile.dv_splits
     return _LaunchPlan(
+        geometry=g,
+        tile=tile,
         grid=(base, num_splits),
-        q_strides=(query.stride(0), query.stride(1)),
-        out_strides=(out.stride(0), out.stride(1)),
-        num_heads=num_heads,
-        swa=tuple(swa),
-        swa_index=swa_index,
-        cmp=tuple(cmp),
-        cmp_index=cmp_index,
         chunks_per_split=chunks_per_split,
         num_splits=num_splits,
-        device=device,
-        partials=(num_tokens, num_heads, num_splits) if num_splits > 1 else None,
-        constants=dict(
-            SWA_REC=fp8_rec if swa_fp8 else 0,
-            HAS_CMP=has_cmp,
-            CMP_REC=fp8_rec if cmp_fp8 else 0,
-            HAS_SINKS=sinks is not None,
-            SPLIT=num_splits > 1,
-            BLOCK_H=block_h,
-            BLOCK_N=block_n,
-            DV_SPLITS=dv_splits,
-            num_warps=num_warps,
-            num_stages=num_stages,
-        ),
+        partials=(g.num_tokens, g.num_heads, num_splits) if num_splits > 1 else None,
+        constants=constants,
         combine_grid=combine_grid,
         combine_constants=combine_constants,
     )
 
 
-# Plans by the geometry of a call's tensors. A model has a few geometries
-# per token count (one per kind of layer); the bound only keeps a process
-# that sees many shapes (tests, benchmarks) from growing without end.
+def _default_plan(geometry: _Geometry) -> _LaunchPlan:
+    g = geometry
+    index = g.device.index or 0
+    packed = bool(g.swa_rec) and (bool(g.cmp_rec) or not g.has_cmp)
+    tile = _default_tile(
+        g.num_tokens, g.num_heads, packed, get_max_shared_memory_bytes(index)
+    )
+    num_chunks = max(
+        cdiv(g.swa_index[2], tile.block_n) + cdiv(g.cmp_index[2], tile.block_n), 1
+    )
+    base = g.num_tokens * cdiv(g.num_heads, tile.block_h) * tile.dv_splits
+    splits = _default_splits(base, num_chunks, g.device, _programs_per_sm(tile))
+    logger.debug(
+        "Triton sparse MLA: %d tokens x %d heads run %s, %d splits",
+        g.num_tokens,
+        g.num_heads,
+        tile,
+        splits,
+    )
+    return _make_plan(g, tile, splits)
+
+
+def _run(
+    plan: _LaunchPlan,
+    query: torch.Tensor,
+    swa_kv_cache: torch.Tensor,
+    sparse_indices: torch.Tensor,
+    swa_topk_lens: torch.Tensor,
+    out: torch.Tensor,
+    sm_scale: float,
+    sinks: torch.Tensor | None,
+    compressed_kv_cache: torch.Tensor | None,
+    extra_sparse_indices: torch.Tensor | None,
+    extra_sparse_topk_lens: torch.Tensor | None,
+) -> torch.Tensor:
+    """Launch ``plan`` on the call's tensors (their geometry is the plan's)."""
+    g = plan.geometry
+    if extra_sparse_indices is None:
+        compressed_kv_cache, extra_sparse_indices = swa_kv_cache, sparse_indices
+        extra_sparse_topk_lens = swa_topk_lens
+    sinks_arg = query if sinks is None else sinks
+    part_out = part_lse = out  # never read unless the plan splits
+    if plan.partials is not None:
+        part_out, part_lse = _partials(g.device).views(plan.partials)
+    _sparse_mla_fwd_kernel[plan.grid](
+        query,
+        *g.q_strides,
+        out,
+        *g.out_strides,
+        part_out,
+        part_lse,
+        sinks_arg,
+        g.num_heads,
+        float(sm_scale) * RCP_LN2,
+        swa_kv_cache,
+        *g.swa,
+        sparse_indices,
+        g.swa_index[0],
+        g.swa_index[1],
+        swa_topk_lens,
+        g.swa_index[2],
+        compressed_kv_cache,
+        *g.cmp,
+        extra_sparse_indices,
+        g.cmp_index[0],
+        g.cmp_index[1],
+        extra_sparse_topk_lens,
+        g.cmp_index[2],
+        plan.chunks_per_split,
+        plan.num_splits,
+        **plan.constants,
+    )
+    if plan.combine_grid is not None:
+        _sparse_mla_combine_kernel[plan.combine_grid](
+            part_out,
+            part_lse,
+            out,
+            *g.out_strides,
+            sinks_arg,
+            g.num_heads,
+            plan.num_splits,
+            **plan.combine_constants,
+        )
+    return out
+
+
+# Plans by the geometry of a call's tensors: a model has a few per token
+# count; the bound keeps processes that see many shapes from growing.
 _MAX_PLANS = 4096
 _plans: dict[tuple, _LaunchPlan | None] = {}
 
@@ -999,12 +955,9 @@ def _launch(
     extra_sparse_indices: torch.Tensor | None,
     extra_sparse_topk_lens: torch.Tensor | None,
     kv_layout: str,
-    **config,
 ) -> torch.Tensor:
-    """Run the kernels. ``config`` overrides the planned tile (block_n,
-    block_h, num_splits, num_warps, num_stages, dv_splits, bit_dequant), for
-    tests and benchmarks. A geometry seen before costs a dictionary lookup:
-    no checks, no allocation, no tensor operation before the launches."""
+    """Plan on the first call of a geometry; later calls of it cost a
+    dictionary lookup before the launches."""
     cmp_pool = compressed_kv_cache
     key = (
         query.shape,
@@ -1039,12 +992,11 @@ def _launch(
         ),
         extra_sparse_topk_lens is None,
         kv_layout,
-        tuple(sorted(config.items())) if config else None,
     )
     try:
         plan = _plans[key]
     except KeyError:
-        plan = _plan(
+        geometry = _geometry(
             query,
             swa_kv_cache,
             sparse_indices,
@@ -1054,61 +1006,26 @@ def _launch(
             extra_sparse_indices,
             extra_sparse_topk_lens,
             kv_layout,
-            **config,
         )
+        plan = None if geometry is None else _default_plan(geometry)
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
         _plans[key] = plan
     if plan is None:
         return out
-    if extra_sparse_indices is None:
-        cmp_pool, extra_sparse_indices = swa_kv_cache, sparse_indices
-        extra_sparse_topk_lens = swa_topk_lens
-    sinks_arg = query if sinks is None else sinks
-    part_out = part_lse = out  # never read unless the plan splits
-    if plan.partials is not None:
-        part_out, part_lse = _partials(plan.device).views(plan.partials)
-    swa_index, cmp_index = plan.swa_index, plan.cmp_index
-    _sparse_mla_fwd_kernel[plan.grid](
+    return _run(
+        plan,
         query,
-        *plan.q_strides,
-        out,
-        *plan.out_strides,
-        part_out,
-        part_lse,
-        sinks_arg,
-        plan.num_heads,
-        float(sm_scale) * _LOG2E,
         swa_kv_cache,
-        *plan.swa,
         sparse_indices,
-        swa_index[0],
-        swa_index[1],
         swa_topk_lens,
-        swa_index[2],
-        cmp_pool,
-        *plan.cmp,
+        out,
+        sm_scale,
+        sinks,
+        compressed_kv_cache,
         extra_sparse_indices,
-        cmp_index[0],
-        cmp_index[1],
         extra_sparse_topk_lens,
-        cmp_index[2],
-        plan.chunks_per_split,
-        plan.num_splits,
-        **plan.constants,
     )
-    if plan.combine_grid is not None:
-        _sparse_mla_combine_kernel[plan.combine_grid](
-            part_out,
-            part_lse,
-            out,
-            *plan.out_strides,
-            sinks_arg,
-            plan.num_heads,
-            plan.num_splits,
-            **plan.combine_constants,
-        )
-    return out
 
 
 def triton_sparse_mla_dsv41(
