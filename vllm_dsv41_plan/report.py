@@ -4,16 +4,18 @@
 
     python -m vllm_dsv41_plan plan --capability 12.0 [--config config.json] \
         [--tp N] [--kv-cache-dtype fp8] [--block-size N] \
-        [--num-speculative-tokens N --non-causal] [--json]
+        [--num-speculative-tokens N --non-causal] \
+        [--attention-backend NAME] [--json]
 
 Prints, for each KV cache (sliding window; compressed KV per ratio; the
 indexer K caches), the page size in tokens and bytes, the attention class and
 kernel that will run, the padded head count, and the error start-up would
-raise, if any. It needs no GPU and asks nothing of the platform: the
-capability given goes straight to start-up's own negotiation
-(``sparse_mla_pages.negotiate``), every page comes from the plan it
-returns, and the page bytes from vLLM's KV-cache spec classes built with the
-values the layers give them.
+raise, if any. It needs no GPU: with the capability given at the platform
+boundary it asks what start-up asks: vLLM's choice of attention class for
+``--attention-backend`` (unset: the one vLLM picks on that GPU), the
+backend's negotiation, the pages from the hooks the layers ask, and the
+layers' own --block-size check; the page bytes come from vLLM's KV-cache
+spec classes built with the values the layers give them.
 
 Exit status: 0 served, 1 refused (the start-up error is printed), 2 usage
 error (bad arguments, or a config file that is not a readable DeepSeek V4.1
@@ -24,7 +26,6 @@ go to stderr. The model modules are imported only after that.
 import argparse
 import contextlib
 import dataclasses
-import itertools
 import json
 import logging
 import math
@@ -57,6 +58,9 @@ KERNEL_PATHS = {
     " (two segments: SWA, then compressed)",
     "triton": "the portable Triton kernel triton_sparse_mla_dsv41"
     " (two segments: SWA, then compressed)",
+    "FLASHMLA_SPARSE_DSV41": "FlashMLA sparse decode flash_mla_with_kvcache",
+    "FLASHMLA_MEGA_ATTN_DSV41": "FlashMLA mega attention (RoPE, attention and"
+    " output cast in one launch)",
 }
 INDEXER_KERNEL = "DeepGEMM fp8_fp4_paged_mqa_logits (the sparse indexer)"
 # model_type of DeepSeek V4.1 checkpoints (vLLM's DeepseekV41Config).
@@ -78,6 +82,8 @@ REQUIRED_FIELDS = {
 # against the layers.
 MXFP8_RECORD = (528, 512)
 V4_RECORD = (584, 576)
+# Bytes per token of the NVFP4 compressed record (nvfp4_ds_mla).
+NVFP4_COMPRESSED_RECORD = 288
 
 
 class UsageError(ValueError):
@@ -112,32 +118,50 @@ class Plan:
     error: str | None = None
 
 
-def attention_class_for(plan: "pages.SparseMLAPlan") -> type:
-    """The layer ``FLASHINFER_MLA_SPARSE_DSV41`` builds on the plan's GPU, as
-    vLLM's model chooses it (``_select_dsv4_attn_cls``)."""
+def layer_class(
+    capability: DeviceCapability,
+    attention_backend: str | None = None,
+    hf_config: Any = None,
+    tensor_parallel_size: int = 1,
+) -> type:
+    """The attention class start-up builds on ``capability`` for
+    ``--attention-backend`` (None: the one vLLM picks), as vLLM's model chooses
+    it (``_select_dsv4_attn_cls``). Raises UsageError for a name vLLM does not
+    know, ValueError where vLLM refuses the backend for DeepSeek V4.1."""
     from vllm.models.deepseek_v41.nvidia.model import _select_dsv4_attn_cls
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
+    try:
+        backend = AttentionBackendEnum[attention_backend] if attention_backend else None
+    except KeyError:
+        raise UsageError(
+            f"--attention-backend {attention_backend!r} is not a vLLM attention backend"
+        ) from None
     config = SimpleNamespace(
-        attention_config=SimpleNamespace(
-            backend=AttentionBackendEnum.FLASHINFER_MLA_SPARSE_DSV41
+        attention_config=SimpleNamespace(backend=backend),
+        parallel_config=SimpleNamespace(
+            prefill_context_parallel_size=1, tensor_parallel_size=tensor_parallel_size
         ),
-        parallel_config=SimpleNamespace(prefill_context_parallel_size=1),
+        model_config=SimpleNamespace(hf_config=hf_config),
+        lora_config=None,
     )
-    with capability_at_platform(plan.capability):
+    with capability_at_platform(capability):
         return _select_dsv4_attn_cls(config)  # type: ignore[arg-type]
 
 
-def resolve_kv_cache_dtype(
-    plan: "pages.SparseMLAPlan", kv_cache_dtype: str
-) -> tuple[str, Any]:
-    """(cache dtype string, torch dtype) the plan's layer resolves
+def resolve_kv_cache_dtype(layer_cls: type, kv_cache_dtype: str) -> tuple[str, Any]:
+    """(cache dtype string, torch dtype) ``layer_cls`` resolves
     ``--kv-cache-dtype`` to: the layer's own ``_resolve_dsv4_kv_cache_dtype``
-    with its layout. Raises ValueError as the layer does."""
+    with its layout and packed record. Raises ValueError as the layer does."""
     from vllm.models.deepseek_v41.attention import _resolve_dsv4_kv_cache_dtype
 
-    layout = attention_class_for(plan).use_fp8_ds_mla_layout
-    return _resolve_dsv4_kv_cache_dtype(layout, kv_cache_dtype, None)
+    layout = layer_cls.use_fp8_ds_mla_layout
+    # The record an unspecific dtype resolves to, where the layer names one
+    # (vLLM 0.30's layers resolve to fp8_ds_mla alone).
+    packed = getattr(layer_cls, "packed_kv_cache_dtype", None)
+    if packed is None:
+        return _resolve_dsv4_kv_cache_dtype(layout, kv_cache_dtype, None)
+    return _resolve_dsv4_kv_cache_dtype(layout, kv_cache_dtype, None, packed.fget(None))
 
 
 def packed_record(capability: DeviceCapability) -> tuple[int, int]:
@@ -150,20 +174,16 @@ def packed_record(capability: DeviceCapability) -> tuple[int, int]:
 
 
 def kernel_block_sizes(
-    plan: "pages.SparseMLAPlan",
+    layer_cls: type, capability: DeviceCapability
 ) -> "dict[str, list[int | MultipleOf]]":
-    """The kernel pages each backend of the model offers for ``plan``, by
-    cache kind: the backends' own answers, asked with the plan's GPU at the
-    platform boundary."""
-    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+    """The kernel pages each backend of ``layer_cls`` offers, by cache kind:
+    the backends' own answers, asked with the GPU at the platform boundary."""
     from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 
-    with capability_at_platform(plan.capability):
-        mla = fi.DeepseekV4FlashInferMLASparseBackend
-        swa = attention_class_for(plan).swa_backend_cls
+    with capability_at_platform(capability):
         return {
-            "compressed": mla.get_supported_kernel_block_sizes(),
-            "swa": swa.get_supported_kernel_block_sizes(),
+            "compressed": layer_cls.backend_cls.get_supported_kernel_block_sizes(),
+            "swa": layer_cls.swa_backend_cls.get_supported_kernel_block_sizes(),
             "indexer": DeepseekV41IndexerBackend.get_supported_kernel_block_sizes(),
         }
 
@@ -188,48 +208,29 @@ def capability_at_platform(capability: DeviceCapability) -> Iterator[None]:
             platform.get_device_capability = saved  # type: ignore[method-assign]
 
 
-def _takes(sizes: "list[int | MultipleOf]", block_size: int) -> bool:
-    """AttentionBackend.supports_block_size for a backend offering ``sizes``."""
-    from vllm.v1.attention.backend import MultipleOf
+def default_block_size(layer_cls: type, capability: DeviceCapability) -> int:
+    """The --block-size vLLM picks when the user sets none, for ``layer_cls``.
 
-    bases = [s.base if isinstance(s, MultipleOf) else s for s in sizes]
-    return not bases or any(block_size % b == 0 for b in bases)
-
-
-def default_block_size(plan: "pages.SparseMLAPlan") -> int:
-    """The --block-size vLLM picks when the user sets none, for ``plan``.
-
-    vLLM 0.30 takes the sparse-MLA backend's preferred size (the default
-    where a compressed-KV kernel page takes it, else the largest); from 0.33
-    the platform takes the smallest size every backend of the model's layers
+    vLLM 0.30 takes the sparse-MLA backend's preferred size; from 0.33 the
+    platform takes the smallest size every backend of the model's layers
     supports (``Platform._preferred_block_size_for_backends``). Both ask the
-    backends, here with the plan's GPU at the platform boundary. Raises
-    ValueError as vLLM does when the backends share no size."""
+    backends, here with the GPU at the platform boundary. Raises ValueError
+    as vLLM does when the backends share no size."""
+    from vllm.config import DeviceConfig, VllmConfig
     from vllm.config.cache import CacheConfig
-    from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
-        DeepseekV4FlashInferMLASparseBackend,
-    )
-    from vllm.platforms.interface import Platform
-    from vllm.v1.attention.backend import MultipleOf
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 
     default = CacheConfig.DEFAULT_BLOCK_SIZE
-    sizes = kernel_block_sizes(plan)
-    if not hasattr(Platform, "_preferred_block_size_for_backends"):
-        fi_backend = DeepseekV4FlashInferMLASparseBackend
-        with capability_at_platform(plan.capability):
-            return fi_backend.get_preferred_block_size(default)
-    offered = list(sizes.values())
-    if all(_takes(s, default) for s in offered):
-        return default
-    bases = [
-        [s.base if isinstance(s, MultipleOf) else s for s in o] or [1] for o in offered
-    ]
-    for candidate in sorted({math.lcm(*c) for c in itertools.product(*bases)}):
-        if all(_takes(s, candidate) for s in offered):
-            return candidate
-    raise ValueError(
-        f"The attention backends share no supported KV cache block size ({sizes})."
-    )
+    platform = type(current_platform)
+    with capability_at_platform(capability):
+        if not hasattr(platform, "_preferred_block_size_for_backends"):
+            return layer_cls.backend_cls.get_preferred_block_size(default)
+        backends = [layer_cls.backend_cls, layer_cls.swa_backend_cls]
+        config = VllmConfig(device_config=DeviceConfig(device="cpu"))
+        return platform._preferred_block_size_for_backends(
+            [*backends, DeepseekV41IndexerBackend], default, config
+        )
 
 
 def owning_indexer_layers(hf_config: Any) -> list[int]:
@@ -261,41 +262,56 @@ def _config_default(config_cls: type, name: str, missing: Any = None) -> Any:
 
 
 def cache_specs(
-    plan: "pages.SparseMLAPlan",
+    layer_cls: type,
+    capability: DeviceCapability,
     hf_config: Any,
     kv_cache_dtype: str = "auto",
     block_size: int | None = None,
 ) -> "dict[str, KVCacheSpec]":
-    """The KV-cache specs the model's layers report for ``plan``, by layer
-    name: the sliding-window cache of every layer, the compressed KV of each
-    compressed kv source, the indexer K cache of each one that owns one.
+    """The KV-cache specs the model's layers of ``layer_cls`` report on
+    ``capability``, by layer name: the sliding-window cache of every layer,
+    the compressed KV of each compressed kv source, the indexer K cache of
+    each one that owns one.
 
     vLLM's spec classes, built with the values the layers pass them; every
-    page from the plan. ``block_size``: the user's --block-size; unset,
-    vLLM's default for the plan. Compressed caches without pages of the
-    plan's own take it. Raises ValueError where the layer would.
+    page from the hooks the layers ask. ``block_size``: the user's
+    --block-size; unset, vLLM's default. Raises ValueError where the layer
+    would.
     """
     import torch
 
     from vllm.config import AttentionConfig
     from vllm.models.deepseek_v41.attention import _indexer_k_cache_head_dim
-    from vllm.v1.attention.backends.mla import indexer_pages
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
     from vllm.v1.kv_cache_interface import (
         MLAAttentionSpec,
         SlidingWindowMLASpec,
         get_kv_quant_mode,
     )
 
-    cache_dtype, torch_dtype = resolve_kv_cache_dtype(plan, kv_cache_dtype)
+    cache_dtype, torch_dtype = resolve_kv_cache_dtype(layer_cls, kv_cache_dtype)
     if block_size is None:
-        block_size = default_block_size(plan)
-    mxfp8 = packed_record(plan.capability) == MXFP8_RECORD
-    record, alignment = packed_record(plan.capability)
+        block_size = default_block_size(layer_cls, capability)
+    mxfp8 = packed_record(capability) == MXFP8_RECORD
+    record, alignment = packed_record(capability)
+    compressed_record = (
+        NVFP4_COMPRESSED_RECORD if cache_dtype == "nvfp4_ds_mla" else record
+    )
     packed = cache_dtype in ("fp8_ds_mla", "nvfp4_ds_mla")
     quant_mode = get_kv_quant_mode(cache_dtype)
+    with capability_at_platform(capability):
+        swa_block_size = layer_cls.swa_backend_cls.get_swa_block_size()
+        compressed_pages = {
+            r: layer_cls.backend_cls.get_compressed_block_size(r)
+            for r in set(hf_config.compress_ratios)
+        }
+        indexer_pages = {
+            r: DeepseekV41IndexerBackend.get_indexer_block_size(r)
+            for r in set(hf_config.compress_ratios)
+        }
     swa = _spec(
         SlidingWindowMLASpec,
-        block_size=plan.swa_block_size,
+        block_size=swa_block_size,
         num_kv_heads=1,
         max_tp_shards=1,
         head_size=hf_config.head_dim,
@@ -305,7 +321,9 @@ def cache_specs(
         state_content_bytes=record if packed else None,
         alignment=alignment if packed else 512,
         # From vLLM 0.33: MXFP8 blocks hold whole records of both caches.
-        block_stride_alignment=(math.lcm(record, record) if packed and mxfp8 else None),
+        block_stride_alignment=(
+            math.lcm(record, compressed_record) if packed and mxfp8 else None
+        ),
         model_version="deepseek_v4",
         kv_quant_mode=quant_mode,
         # bounded_replay keeps its default: it changes prefix caching, not
@@ -318,7 +336,7 @@ def cache_specs(
         if layer in hf_config.kv_source_layer_ids and ratio > 0:
             specs[prefix] = _spec(
                 MLAAttentionSpec,
-                block_size=plan.compressed_block_size(ratio) or block_size,
+                block_size=compressed_pages[ratio] or block_size,
                 num_kv_heads=1,
                 head_size=hf_config.head_dim,
                 dtype=torch.uint8 if packed else torch_dtype,
@@ -327,7 +345,7 @@ def cache_specs(
                 alignment=alignment if packed else 512,
                 model_version="deepseek_v4",
                 kv_quant_mode=quant_mode,
-                state_content_bytes=record if packed else None,
+                state_content_bytes=compressed_record if packed else None,
             )
     # The indexer K caches: FP8 keys (AttentionConfig's default
     # indexer_kv_dtype; MXFP4 keys are SM10x-only and asked for).
@@ -337,7 +355,7 @@ def cache_specs(
         ratio = hf_config.compress_ratios[layer]
         specs[f"model.layers.{layer}.attn.indexer.k_cache"] = _spec(
             MLAAttentionSpec,
-            block_size=indexer_pages.block_size(ratio),
+            block_size=indexer_pages[ratio] or block_size,
             num_kv_heads=1,
             head_size=_indexer_k_cache_head_dim(hf_config.index_head_dim, False),
             dtype=torch.uint8,
@@ -350,6 +368,25 @@ def cache_specs(
             ),
         )
     return specs
+
+
+def check_block_size(
+    layer_cls: type, specs: "dict[str, KVCacheSpec]", block_size: int | None
+) -> None:
+    """What each kv-source layer checks of a --block-size the user set, where
+    this vLLM's layers check it (``check_kv_cache_block_size``)."""
+    from vllm.models.deepseek_v41 import attention
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
+
+    check = getattr(attention, "check_kv_cache_block_size", None)
+    if check is None or block_size is None:
+        return
+    for name, spec in specs.items():
+        if name.endswith(".attn"):
+            caches = [(layer_cls.backend_cls, spec)]
+            if (k_cache := specs.get(f"{name}.indexer.k_cache")) is not None:
+                caches.append((DeepseekV41IndexerBackend, k_cache))
+            check(block_size, caches)
 
 
 def check_model_shape(hf_config: Any, tensor_parallel_size: int) -> int:
@@ -394,45 +431,69 @@ def make_plan(
     num_speculative_tokens: int | None = None,
     use_non_causal: bool = False,
     block_size: int | None = None,
+    attention_backend: str | None = None,
     envelope: "pages.SM120Envelope | None" = None,
 ) -> Plan:
-    """The plan start-up makes on a GPU of ``capability``."""
+    """The plan start-up makes on a GPU of ``capability`` with the attention
+    class it builds for ``attention_backend`` (None: vLLM's choice)."""
     from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
     from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
-        DeepseekV4FlashInferMLASparseBackend as backend,
+        DeepseekV4FlashInferMLASparseBackend as flashinfer,
     )
 
     report = Plan(
         capability=f"{capability.major}.{capability.minor}",
         local_heads=hf_config.num_attention_heads // max(tensor_parallel_size, 1),
     )
+    swa_topk = pages.swa_topk(
+        hf_config.sliding_window, use_non_causal, num_speculative_tokens
+    )
     try:
         with capability_at_platform(capability):
             local_heads = check_model_shape(hf_config, tensor_parallel_size)
-            swa_topk = pages.swa_topk(
-                hf_config.sliding_window, use_non_causal, num_speculative_tokens
+            layer_cls = layer_class(
+                capability, attention_backend, hf_config, tensor_parallel_size
             )
-            plan = pages.negotiate(
-                capability,
-                backend.paged_backends(),
-                num_local_heads=local_heads,
-                kv_cache_dtype=kv_cache_dtype,
-                swa_topk=swa_topk,
-                block_size=block_size,
-                envelope=envelope,
+            report.attention_class = f"{layer_cls.__module__}.{layer_cls.__name__}"
+            backend = layer_cls.backend_cls
+            if backend is not flashinfer and not backend.supports_compute_capability(
+                capability
+            ):
+                raise ValueError(
+                    f"{backend.get_name()} does not run on SM{capability.to_int()}; "
+                    "choose another --attention-backend."
+                )
+            if backend is flashinfer:
+                plan = pages.negotiate(
+                    capability,
+                    backend.paged_backends(),
+                    num_local_heads=local_heads,
+                    kv_cache_dtype=kv_cache_dtype,
+                    swa_topk=swa_topk,
+                    block_size=block_size,
+                    envelope=envelope,
+                )
+                kernel_path = KERNEL_PATHS[plan.kernel.value]
+                padded_heads = plan.padded_heads
+            else:
+                # The layer's own negotiation, as its __init__ calls it.
+                backend.negotiate(_layer_config(kv_cache_dtype, block_size))
+                plan = None
+                kernel_path = KERNEL_PATHS[backend.get_name()]
+                padded_heads = layer_cls.get_padded_num_q_heads(local_heads)
+            cache_dtype, _ = resolve_kv_cache_dtype(layer_cls, kv_cache_dtype)
+            specs = cache_specs(
+                layer_cls, capability, hf_config, kv_cache_dtype, block_size
             )
-            cache_dtype, _ = resolve_kv_cache_dtype(plan, kv_cache_dtype)
-            specs = cache_specs(plan, hf_config, kv_cache_dtype, block_size)
-    except (pages.UnsupportedSparseMLAConfig, ValueError) as e:
+            check_block_size(layer_cls, specs, block_size)
+    except (pages.UnsupportedSparseMLAConfig, ValueError, RuntimeError) as e:
         report.error = str(e)
         return report
 
-    attention_cls = attention_class_for(plan)
-    report.attention_class = f"{attention_cls.__module__}.{attention_cls.__name__}"
-    report.kernel_path = KERNEL_PATHS[plan.kernel.value]
-    report.note = plan.note
-    report.flashinfer = plan.envelope.source if plan.envelope else None
-    report.padded_heads = plan.padded_heads
+    report.kernel_path = kernel_path
+    report.note = plan.note if plan else None
+    report.flashinfer = plan.envelope.source if plan and plan.envelope else None
+    report.padded_heads = padded_heads
     report.kv_cache_dtype = cache_dtype
     report.swa_topks = [swa_topk]
     swa = specs["model.layers.0.attn.swa_cache"]
@@ -464,6 +525,17 @@ def make_plan(
                 )
             )
     return report
+
+
+def _layer_config(kv_cache_dtype: str, block_size: int | None) -> Any:
+    """What a backend's ``negotiate`` reads of the engine's config."""
+    return SimpleNamespace(
+        cache_config=SimpleNamespace(
+            cache_dtype=kv_cache_dtype,
+            block_size=block_size,
+            user_specified_block_size=block_size is not None,
+        )
+    )
 
 
 def render(report: Plan) -> str:
@@ -632,6 +704,15 @@ def _int_at_least(minimum: int):
     return parse
 
 
+def _attention_backend(text: str) -> str:
+    """An argparse type: a name of vLLM's ``AttentionBackendEnum``."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    if text not in AttentionBackendEnum.__members__:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a vLLM attention backend")
+    return text
+
+
 def _logs_to_stderr() -> None:
     """vLLM logs to stdout by default; the report owns stdout."""
     for handler in logging.getLogger("vllm").handlers:
@@ -657,6 +738,12 @@ def main(argv: list[str] | None = None) -> int:
         "--tp", type=_int_at_least(1), default=1, help="tensor parallel size"
     )
     p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument(
+        "--attention-backend",
+        type=_attention_backend,
+        default=None,
+        help="as vllm serve takes it (default: the one vLLM picks on that GPU)",
+    )
     p.add_argument("--block-size", type=_int_at_least(1), default=None)
     p.add_argument("--num-speculative-tokens", type=_int_at_least(0), default=None)
     p.add_argument("--non-causal", action="store_true", help="DSpark non-causal")
@@ -676,6 +763,7 @@ def main(argv: list[str] | None = None) -> int:
         num_speculative_tokens=args.num_speculative_tokens,
         use_non_causal=args.non_causal,
         block_size=args.block_size,
+        attention_backend=args.attention_backend,
     )
     print(json.dumps(asdict(report), indent=2) if args.json else render(report))
     return 1 if report.error else 0

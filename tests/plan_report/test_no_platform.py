@@ -28,7 +28,16 @@ def _snapshot() -> dict[type, dict[str, object]]:
 def _answers(capsys) -> dict[str, dict]:
     answers = {}
     for capability in CAPABILITIES:
-        code = report.main(["plan", "--capability", capability, "--json"])
+        code = report.main(
+            [
+                "plan",
+                "--attention-backend",
+                "FLASHINFER_MLA_SPARSE_DSV41",
+                "--capability",
+                capability,
+                "--json",
+            ]
+        )
         answers[capability] = json.loads(capsys.readouterr().out)
         assert code == 0, answers[capability]["error"]
     return answers

@@ -102,8 +102,12 @@ def _config_args(name: str, config, tmp: Path) -> list[str]:
     return ["--config", str(path)]
 
 
+# The cases plan the FlashInfer layers; the default classes are tested apart.
+FLASHINFER = ["--attention-backend", "FLASHINFER_MLA_SPARSE_DSV41"]
+
+
 def _run(name: str, case: Case, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
-    args = ["plan", *case.args, *extra]
+    args = ["plan", *FLASHINFER, *case.args, *extra]
     if name == "config-missing":
         args += ["--config", str(tmp / "absent.json")]
     else:
@@ -260,7 +264,14 @@ def test_more_usage_errors(capsys, tmp_path, name):
 
     args, needle, config = MORE_USAGE_ERRORS[name]
     with pytest.raises(SystemExit) as exit_info:
-        report.main(["plan", *args, *_config_args(name, config, tmp_path)])
+        report.main(
+            [
+                "plan",
+                *FLASHINFER,
+                *args,
+                *_config_args(name, config, tmp_path),
+            ]
+        )
     assert exit_info.value.code == 2
     out, err = capsys.readouterr()
     last = err.strip().splitlines()[-1]
@@ -272,6 +283,16 @@ def test_more_refusals(capsys, tmp_path, name):
     from vllm_dsv41_plan import report
 
     args, needle, config = MORE_REFUSALS[name]
-    assert report.main(["plan", *args, *_config_args(name, config, tmp_path)]) == 1
+    assert (
+        report.main(
+            [
+                "plan",
+                *FLASHINFER,
+                *args,
+                *_config_args(name, config, tmp_path),
+            ]
+        )
+        == 1
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("start-up error: ") and needle in lines[1], lines

@@ -14,7 +14,6 @@ import torch
 from tests.plan_report.start_up import layer_class, vllms_default_block_size
 from vllm.config import CacheConfig, DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.models.deepseek_v41 import attention
-from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
 from vllm_dsv41_plan import report
 
@@ -35,21 +34,25 @@ def test_the_records_are_the_layers():
     (mx_bytes, mx_align), (v4_bytes, v4_align) = report.MXFP8_RECORD, report.V4_RECORD
     assert f"{mx_bytes} if self.kv_mxfp8 else {v4_bytes}" in source
     assert f"{mx_align} if self.kv_mxfp8 else {v4_align}" in source
+    nvfp4 = report.NVFP4_COMPRESSED_RECORD
+    assert (
+        f'{nvfp4} if self.kv_cache_dtype == "nvfp4_ds_mla"' in source
+        or "nvfp4" not in source  # a vLLM without the NVFP4 record
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda c: f"sm{c[0]}{c[1]}")
 def test_the_specs_are_the_layers(set_capability, family):
     capability = set_capability(*family)
-    plan = policy.plan_pages(capability)
     layer_cls = layer_class(capability)
-    assert report.attention_class_for(plan) is layer_cls
+    assert report.layer_class(capability, "FLASHINFER_MLA_SPARSE_DSV41") is layer_cls
     block_size = vllms_default_block_size(capability)
-    assert report.default_block_size(plan) == block_size
+    assert report.default_block_size(layer_cls, capability) == block_size
     mxfp8 = attention._use_v41_mxfp8_kv_record()
     assert (report.packed_record(capability) == report.MXFP8_RECORD) == mxfp8
     record, alignment = report.packed_record(capability)
 
-    ours = report.cache_specs(plan, HF_CONFIG)
+    ours = report.cache_specs(layer_cls, capability, HF_CONFIG)
     cache_config = CacheConfig(block_size=block_size, cache_dtype="auto")
     config = VllmConfig(device_config=DeviceConfig(device="cpu"))
     config.cache_config = cache_config

@@ -71,7 +71,9 @@ EDITS: tuple[Edit, ...] = (
                         blocks.append(None)
                 return blocks
 
-            for (backend, spec), kernel in zip(caches, kernel_blocks(block_size)):
+            for (backend, spec), kernel in zip(
+                caches, kernel_blocks(block_size), strict=True
+            ):
                 if kernel is None or (kernel != block_size and spec.tokens_per_state <= 1):
                     break
             else:

@@ -140,10 +140,9 @@ def test_published_layout_plan_gives_pages_deepgemm_reads(
 def _kernel_states(capability, hf, block_size) -> dict[str, int]:
     """States per kernel page of each indexer K cache after vLLM's own
     grouping and the worker's choice of one kernel page per group."""
-    plan = policy.plan_pages(capability)
     config = _engine_config(block_size)
-    layer_cls = report.attention_class_for(plan)
-    specs = report.cache_specs(plan, hf, "fp8", block_size)
+    layer_cls = report.layer_class(capability, "FLASHINFER_MLA_SPARSE_DSV41")
+    specs = report.cache_specs(layer_cls, capability, hf, "fp8", block_size)
     indexer_specs = {n: s for n, s in specs.items() if n.endswith("indexer.k_cache")}
     backends = {n: fi.DeepseekV4FlashInferMLASparseBackend for n in specs}
     for name in specs:
@@ -193,7 +192,9 @@ def test_every_accepted_block_size_pages_every_kernel(
         for name, states in _kernel_states(capability, hf, block_size).items():
             assert deepgemm_takes(family[0], states), (block_size, name, states)
     # The default --block-size is among them.
-    default = report.default_block_size(plan)
+    default = report.default_block_size(
+        report.layer_class(capability, "FLASHINFER_MLA_SPARSE_DSV41"), capability
+    )
     assert default in accepted
 
 

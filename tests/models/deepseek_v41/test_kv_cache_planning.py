@@ -60,8 +60,9 @@ def _model_specs(capability: DeviceCapability, config: VllmConfig):
     the plan report's specs, its indexer K caches held against upstream's own
     ``get_kv_cache_spec`` on the mocked GPU."""
     plan = policy.plan_pages(capability)
-    specs = report.cache_specs(plan, HF_CONFIG, "fp8", config.cache_config.block_size)
-    layer_cls = report.attention_class_for(plan)
+    layer_cls = report.layer_class(capability, "FLASHINFER_MLA_SPARSE_DSV41")
+    block_size = config.cache_config.block_size
+    specs = report.cache_specs(layer_cls, capability, HF_CONFIG, "fp8", block_size)
     backends = {
         name: layer_cls.swa_backend_cls
         if name.endswith("swa_cache")

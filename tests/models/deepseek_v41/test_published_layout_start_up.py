@@ -131,10 +131,9 @@ def _bind(layer_cls, capability, block_size: int | None) -> dict[str, tuple]:
     )
     from vllm.v1.worker import utils as worker
 
-    plan = policy.plan_pages(capability)
     size = block_size or _default_block_size(layer_cls)
     config = _engine_config(size)
-    specs = report.cache_specs(plan, LAYOUT, "fp8", size)
+    specs = report.cache_specs(layer_cls, capability, LAYOUT, "fp8", size)
     backends = {name: _backend_of(name, layer_cls) for name in specs}
     layout = resolve_kv_cache_layout(
         config,

@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The report's verdict is start-up's on every cell of the binding matrix:
+each GPU family, the attention class start-up builds by default and for each
+--attention-backend that runs there, TP 1-8 and --block-size unset/16-256.
+
+Start-up's verdict is asked here the way the layers ask it as the model is
+built (the class vLLM selects, its head padding, its backend's negotiation,
+the kv-source layers' --block-size check over the specs the layers' own code
+builds); tests/models/deepseek_v41/test_block_size_binding.py holds that
+check against vLLM's KV binding.
+"""
+
+import pytest
+
+from tests.models.deepseek_v41 import test_block_size_binding as binding
+from tests.models.deepseek_v41.layer_config import vllm_config_stand_in
+from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
+from vllm_dsv41_plan import report
+
+pytestmark = pytest.mark.default_base_only
+
+
+def start_up_refusal(monkeypatch, layer_cls, tp: int, block_size) -> str | None:
+    """What building the model raises (None: it builds)."""
+    monkeypatch.setattr(policy, "get_tensor_model_parallel_world_size", lambda: tp)
+    try:
+        layer_cls.get_padded_num_q_heads(binding.LAYOUT.num_attention_heads // tp)
+        config = vllm_config_stand_in(
+            heads=binding.LAYOUT.num_attention_heads,
+            block_size=block_size or 64,
+            user_block=block_size is not None,
+        )
+        config.model_config.hf_config = binding.LAYOUT
+        layer_cls.backend_cls.negotiate(config)
+        engine = binding.engine_config(layer_cls, block_size)
+        return binding.start_up_refusal(binding.build_caches(layer_cls, engine), engine)
+    except ValueError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("block_size", binding.BLOCK_SIZES)
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize(
+    "capability", binding.CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}"
+)
+def test_the_report_says_what_start_up_does(
+    monkeypatch, set_capability, capability, tp, block_size
+):
+    capability = set_capability(*capability)
+    for name in binding.BACKENDS:
+        try:
+            layer_cls = binding.layer_class(name, tp)
+        except ValueError:
+            continue
+        if not layer_cls.backend_cls.supports_compute_capability(capability):
+            continue
+        ours = report.make_plan(
+            capability,
+            binding.LAYOUT,
+            tensor_parallel_size=tp,
+            block_size=block_size,
+            attention_backend=name,
+        )
+        where = f"{name or 'default'} ({layer_cls.__name__}) --block-size {block_size}"
+        assert ours.attention_class.endswith(f".{layer_cls.__name__}"), where
+        theirs = start_up_refusal(monkeypatch, layer_cls, tp, block_size)
+        assert (ours.error is None) == (theirs is None), (where, ours.error, theirs)
+        if theirs is not None:
+            assert ours.error == theirs, where
