@@ -71,9 +71,7 @@ EDITS: tuple[Edit, ...] = (
                         blocks.append(None)
                 return blocks
 
-            for (backend, spec), kernel in zip(
-                caches, kernel_blocks(block_size), strict=True
-            ):
+            for (backend, spec), kernel in zip(caches, kernel_blocks(block_size), strict=True):
                 if kernel is None or (kernel != block_size and spec.tokens_per_state <= 1):
                     break
             else:
@@ -92,8 +90,7 @@ EDITS: tuple[Edit, ...] = (
                 f"binding cannot split {block_size}-token blocks of a cache with "
                 f"{spec.tokens_per_state} token(s) per state into them. "
                 + (
-                    f"Use --block-size {' or '.join(map(str, working))}, or leave "
-                    "it unset."
+                    f"Use --block-size {' or '.join(map(str, working))}, or leave it unset."
                     if working
                     else "Choose another --attention-backend."
                 )
