@@ -198,3 +198,29 @@ def test_start_up_names_the_kernel_and_pages_once(
         "tokens, compressed KV --block-size tokens, indexer K 64 states"
     )
     assert logged == [expected]
+
+
+@pytest.mark.parametrize("capability", [(12, 0), (12, 1)])
+def test_supports_combination_without_flashinfer_sm120_kernels(
+    monkeypatch, fresh_flashinfer_probe, capability
+):
+    """A FlashInfer without SM120 sparse-MLA kernels is an answer, not an
+    error: the envelope probe gives its reason as a string, and the portable
+    kernel serves the GPU."""
+    monkeypatch.setattr(policy, "_fixed_page_envelope", lambda version: None)
+    monkeypatch.setattr(
+        "vllm.utils.flashinfer.has_flashinfer_sparse_mla_sm120", lambda: False
+    )
+    assert isinstance(policy.installed_sm120_envelope(), str)
+    reason = MLA.supports_combination(
+        512,
+        torch.bfloat16,
+        "fp8",
+        None,
+        True,
+        True,
+        True,
+        False,
+        policy.DeviceCapability(*capability),
+    )
+    assert reason is None
