@@ -491,7 +491,11 @@ def make_plan(
         return report
 
     report.kernel_path = kernel_path
-    report.note = plan.note if plan else None
+    report.note = (
+        plan.note
+        if plan
+        else _default_class_note(capability, attention_backend, layer_cls)
+    )
     report.flashinfer = plan.envelope.source if plan and plan.envelope else None
     report.padded_heads = padded_heads
     report.kv_cache_dtype = cache_dtype
@@ -525,6 +529,32 @@ def make_plan(
                 )
             )
     return report
+
+
+def _default_class_note(
+    capability: DeviceCapability, attention_backend: str | None, layer_cls: type
+) -> str | None:
+    """Why vLLM's default class here is not the one it builds on hosts whose
+    vLLM has SM100's mega attention kernel (a check of this host's build)."""
+    try:
+        from vllm.models.deepseek_v41.nvidia.flash_mla_mega_attn import (
+            DeepseekV4MegaAttnAttention,
+            is_flashmla_mega_attn_supported,
+        )
+    except ImportError:  # a vLLM without mega attention
+        return None
+    if attention_backend or capability.major != 10:
+        return None
+    if layer_cls is DeepseekV4MegaAttnAttention:
+        return None
+    with capability_at_platform(capability):
+        _, why = is_flashmla_mega_attn_supported()
+    return (
+        f"this host's vLLM cannot run mega attention ({(why or '').rstrip('.')}); "
+        "where it can, "
+        "start-up builds DeepseekV4MegaAttnAttention instead "
+        "(--attention-backend FLASHMLA_MEGA_ATTN_DSV41 plans it)."
+    )
 
 
 def _layer_config(kv_cache_dtype: str, block_size: int | None) -> Any:

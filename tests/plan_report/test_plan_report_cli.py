@@ -73,7 +73,17 @@ CASES = {
         "is not a DeepSeek V4.1 config (model_type 'llama'",
         config={"model_type": "llama", "num_attention_heads": 32},
     ),
+    "backend-unknown": Case(
+        ["--capability", "12.0", "--attention-backend", "FLASHINFER_DSV41"],
+        2,
+        "'FLASHINFER_DSV41' is not a vLLM attention backend",
+    ),
     # refused: exit 1, start-up's own message
+    "backend-not-dsv41": Case(
+        ["--capability", "12.0", "--attention-backend", "FLASHINFER_MLA_SPARSE"],
+        1,
+        "is not a DeepSeek V4.1 attention backend",
+    ),
     "sm80": Case(["--capability", "8.0"], 1, "this GPU is SM80"),
     "tp-3-of-128": Case(
         ["--capability", "120", "--tp", "3"],

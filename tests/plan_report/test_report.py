@@ -191,3 +191,38 @@ def test_layers_refuse_what_the_report_refuses(
         block_size=config.cache_config.block_size,
     )
     assert plan.error == str(built.value)
+
+
+@pytest.mark.parametrize(
+    "capability, backend, layer",
+    [
+        ("9.0", None, "flashmla.DeepseekV4FlashMLAAttention"),
+        ("12.0", None, "flashinfer_sparse.DeepseekV4FlashInferSM120Attention"),
+        ("12.1", None, "flashinfer_sparse.DeepseekV4FlashInferSM120Attention"),
+        ("10.0", "FLASHMLA_SPARSE_DSV41", "flashmla.DeepseekV4FlashMLAAttention"),
+        ("10.0", "FLASHINFER_MLA_SPARSE_DSV41", "DeepseekV4FlashInferMLAAttention"),
+    ],
+)
+def test_the_class_start_up_builds(capsys, capability, backend, layer):
+    """Without --attention-backend the report plans vLLM's own choice."""
+    named = ["--attention-backend", backend] if backend else []
+    code = report.main(["plan", "--capability", capability, *named, "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0 and plan["attention_class"].endswith(layer)
+
+
+@pytest.mark.default_base_only  # mega attention is newer than the backport
+def test_sm100_default_says_where_mega_attention_runs(capsys):
+    """A host that cannot run SM100's mega attention kernel plans FlashMLA,
+    and says that start-up on a B200 with the kernel builds mega attention."""
+    assert report.main(["plan", "--capability", "10.0", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    from vllm.models.deepseek_v41.nvidia.flash_mla_mega_attn import (
+        is_flashmla_mega_attn_supported,
+    )
+
+    if is_flashmla_mega_attn_supported()[0]:
+        assert plan["attention_class"].endswith("DeepseekV4MegaAttnAttention")
+    else:
+        assert plan["attention_class"].endswith("DeepseekV4FlashMLAAttention")
+        assert "DeepseekV4MegaAttnAttention" in plan["note"]
