@@ -52,8 +52,11 @@ def _module(path: str | None, device: str):
     module._sparse_mla_fwd_kernel = _NoLaunch()
     module._sparse_mla_combine_kernel = _NoLaunch()
     if device == "cpu":
-        module.num_compute_units = lambda index: 132
-        module.get_max_shared_memory_bytes = lambda index: 227 * 1024
+        # Older copies (--baseline) name the device queries differently.
+        module.num_compute_units = module._num_sms = lambda index: 132
+        module.get_max_shared_memory_bytes = module._max_shared_bytes = lambda index: (
+            227 * 1024
+        )
     return module
 
 

@@ -299,7 +299,7 @@ def test_matches_reference(heads: int, record: str, both: bool, num_tokens: int)
         assert rel_err(out, shared.to(_device()).double()) < RTOL
 
 
-# (block_h, num_warps, block_n, dv_splits): every tile the launcher may
+# (block_h, num_warps, block_n, dv_splits[, max_regs]): every tile the launcher may
 # pick, the smaller candidate chunk, and the output dims split over programs.
 TILES = [
     (64, 8, 32, 1),
@@ -311,6 +311,10 @@ TILES = [
     (32, 8, 32, 1),
     (16, 4, 32, 1),
     (16, 4, 16, 1),
+    # Register caps that fit three or four programs on a multiprocessor.
+    (16, 4, 16, 1, 168),
+    (16, 4, 32, 1, 168),
+    (16, 4, 16, 1, 128),
 ]
 
 

@@ -1,28 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Portable Triton sparse-MLA attention for DeepSeek V4 / V4.1.
+"""Triton sparse MLA for DeepSeek V4 / V4.1 with the two-segment contract of
+FlashInfer's ``trtllm_batch_decode_sparse_mla_dsv4`` (``backend="sparse"``),
+for GPUs and shapes FlashInfer's kernels do not serve.
 
-Same two-segment contract as FlashInfer's SM120 DSV4 sparse decode
-(``trtllm_batch_decode_sparse_mla_dsv4`` with ``backend="sparse"``): every query
-token attends to the rows of a sliding-window (SWA) pool named by
-``sparse_indices`` and, optionally, to the rows of a compressed pool named by
-``extra_sparse_indices``. K and V are the same 512-wide latent row (DSV4 uses
-``d_qk == d_v == 512``: 448 NoPE dims and 64 RoPE dims, and the RoPE dims are
-part of V too), and all query heads share it (MQA).
-
-It exists for GPUs and shapes FlashInfer's DSV4 kernels do not instantiate. It
-only needs Triton, so it also runs on Hopper, which is where it is measured.
-
-Packed ``fp8_ds_mla`` pools (uint8, 584 bytes per token) follow the layout
-written by ``_rope_quant_insert_kernel`` in
-``vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py`` (and
-``quantize_and_insert_k_kernel`` in ``.../common/ops/cache_utils.py``): inside
-one page of ``page_size`` tokens, the first ``page_size * 576`` bytes hold the
-token records back to back (448 FP8 E4M3 NoPE values, then 64 BF16 RoPE
-values), and the next ``page_size * 8`` bytes hold each token's 8 UE8M0 scale
-bytes (scale = 2 ** (byte - 127) for the 7 NoPE blocks of 64 dims; byte 7 is
-padding). The page's start is ``kv_cache.stride(0)`` bytes after the previous
-one, which may be more than ``page_size * 584`` (padded pages).
+Packed ``fp8_ds_mla`` pages (584 bytes a token) hold ``page_size`` records of
+448 FP8 E4M3 NoPE values and 64 BF16 RoPE values, then each token's 8 UE8M0
+scale bytes (one per 64 NoPE dims, the last unused); consecutive pages are
+``stride(0)`` bytes apart.
 """
 
 from dataclasses import dataclass
