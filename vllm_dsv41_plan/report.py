@@ -26,6 +26,7 @@ go to stderr. The model modules are imported only after that.
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import json
 import logging
 import math
@@ -536,19 +537,18 @@ def _default_class_note(
 ) -> str | None:
     """Why vLLM's default class here is not the one it builds on hosts whose
     vLLM has SM100's mega attention kernel (a check of this host's build)."""
-    try:
-        from vllm.models.deepseek_v41.nvidia.flash_mla_mega_attn import (
-            DeepseekV4MegaAttnAttention,
-            is_flashmla_mega_attn_supported,
+    try:  # a vLLM without mega attention has no such module
+        mega = importlib.import_module(
+            "vllm.models.deepseek_v41.nvidia.flash_mla_mega_attn"
         )
-    except ImportError:  # a vLLM without mega attention
+    except ImportError:
         return None
     if attention_backend or capability.major != 10:
         return None
-    if layer_cls is DeepseekV4MegaAttnAttention:
+    if layer_cls is mega.DeepseekV4MegaAttnAttention:
         return None
     with capability_at_platform(capability):
-        _, why = is_flashmla_mega_attn_supported()
+        _, why = mega.is_flashmla_mega_attn_supported()
     return (
         f"this host's vLLM cannot run mega attention ({(why or '').rstrip('.')}); "
         "where it can, "

@@ -90,8 +90,12 @@ def _default_block_size(layer_cls: type) -> int:
     return platform._preferred_block_size_for_backends(backends, default, config)
 
 
-def _start_up_refusal(monkeypatch, layer_cls, tp: int, block_size) -> str | None:
-    """What the layer's backend raises as the model is built (None: builds)."""
+def _start_up_refusal(
+    monkeypatch, layer_cls, capability, tp: int, block_size
+) -> str | None:
+    """What the layers raise as the model is built (None: builds): the
+    backend's negotiation, then the kv-source layers' --block-size check where
+    this vLLM's layers make it."""
     monkeypatch.setattr(policy, "get_tensor_model_parallel_world_size", lambda: tp)
     config = SimpleNamespace(
         model_config=SimpleNamespace(hf_config=LAYOUT),
@@ -105,7 +109,10 @@ def _start_up_refusal(monkeypatch, layer_cls, tp: int, block_size) -> str | None
     )
     try:
         layer_cls.backend_cls.negotiate(config)
-    except policy.UnsupportedSparseMLAConfig as e:
+        size = block_size or _default_block_size(layer_cls)
+        specs = report.cache_specs(layer_cls, capability, LAYOUT, "fp8", size)
+        report.check_block_size(layer_cls, specs, block_size)
+    except ValueError as e:  # UnsupportedSparseMLAConfig is one
         return str(e)
     return None
 
@@ -141,15 +148,17 @@ def _bind(layer_cls, capability, block_size: int | None) -> dict[str, tuple]:
         list(specs.values()),
     )
     (kv_config,) = _plan_kv_caches(config, specs)
+    # Attention groups as vLLM's GPU worker forms them: by backend, per-layer
+    # spec and query-head count (none of these layers has one).
     attn_groups = []
     for gid, group in enumerate(kv_config.kv_cache_groups):
-        by_backend: dict[type, list[str]] = {}
+        by_key: dict[tuple, list[str]] = {}
         for name in group.layer_names:
-            by_backend.setdefault(backends[name], []).append(name)
+            by_key.setdefault((backends[name], specs[name]), []).append(name)
         attn_groups.append(
             [
-                worker.AttentionGroup(b, names, specs[names[0]], gid)
-                for b, names in by_backend.items()
+                worker.AttentionGroup(b, names, spec, gid)
+                for (b, spec), names in by_key.items()
             ]
         )
     kernel_block_sizes = worker.prepare_kernel_block_sizes(kv_config, attn_groups)
@@ -206,7 +215,7 @@ def test_start_up_refuses_exactly_what_vllm_cannot_serve(
     capability = set_capability(*capability)
     layer_cls = _layer_class(way, capability)
     plan = policy.plan_pages(capability)
-    refusal = _start_up_refusal(monkeypatch, layer_cls, tp, block_size)
+    refusal = _start_up_refusal(monkeypatch, layer_cls, capability, tp, block_size)
 
     try:
         bound = _bind(layer_cls, capability, block_size)
@@ -220,8 +229,11 @@ def test_start_up_refuses_exactly_what_vllm_cannot_serve(
     assert failure is not None, f"start-up refused what vLLM serves: {refusal}"
     assert refusal.count("\n") == 0
     if block_size is not None:
-        named = re.search(r"Use one of \[([\d, ]*)\]", refusal)
+        # The page policy's words, or the layers' own --block-size check's.
+        named = re.search(r"Use one of \[([\d, ]*)\]", refusal) or re.search(
+            r"Use --block-size ([\d or]+),", refusal
+        )
         assert named, refusal
-        for working in (int(s) for s in named[1].split(",") if s.strip()):
+        for working in map(int, re.findall(r"\d+", named[1])):
             bound = _bind(layer_cls, capability, working)
             assert not _kernels_take(capability, plan, bound), working

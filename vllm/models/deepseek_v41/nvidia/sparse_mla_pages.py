@@ -122,12 +122,6 @@ class SparseMLAPlan:
     note: str | None = None
 
     @property
-    def packed(self) -> bool:
-        """Whether the layer reads packed fp8_ds_mla records (all kernels but
-        SM10x's TRTLLM-gen, which reads plain rows)."""
-        return self.kernel is not SparseMLAKernel.TRTLLM_GEN
-
-    @property
     def swa_block_size(self) -> int:
         return self.fixed_page or DeepseekSparseSWABackend.get_swa_block_size()
 
@@ -296,7 +290,7 @@ def _block_size_refusal(
     every backend in it takes; an indexer cache whose page is ``--block-size``
     shares the compressed caches' group.
     """
-    from vllm.v1.worker.utils import AttentionGroup, select_common_block_size
+    from vllm.v1.worker.utils import select_common_block_size
 
     backend = backends.attention
     if block_size < 1:
@@ -309,10 +303,9 @@ def _block_size_refusal(
             for s in backend.get_supported_kernel_block_sizes()
         ]
         return f"the attention kernels take pages of {sizes} tokens"
-    # Binding splits a packed block into kernel pages only where vLLM maps
-    # packed blocks to kernel pages, and then never for a ratio-1 cache: its
-    # kernels must take --block-size itself.
-    maps_packed = hasattr(AttentionGroup, "map_kv_cache_to_kernel_blocks")
+    # Binding never splits a block of a ratio-1 cache (one token a state)
+    # into kernel pages, whatever its record: its kernels must take
+    # --block-size itself.
     try:
         own_page = select_common_block_size(block_size, [backend])
         joined = [
@@ -324,10 +317,10 @@ def _block_size_refusal(
         kernel_page = select_common_block_size(block_size, group)
     except ValueError:
         return f"no kernel page of the compressed KV caches divides {block_size}"
-    if own_page != block_size and (plan.packed or not maps_packed):
+    if own_page != block_size:
         return (
-            f"the compressed KV caches' packed {block_size}-token blocks cannot "
-            f"be split into the kernels' {own_page}-token pages"
+            f"the compressed KV caches' {block_size}-token blocks cannot be "
+            f"split into the kernels' {own_page}-token pages"
         )
     if joined and kernel_page != block_size:
         return (
