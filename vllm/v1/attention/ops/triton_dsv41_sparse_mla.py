@@ -746,11 +746,11 @@ def _geometry(
         raise ValueError(f"sinks must be float32 of shape ({num_heads},)")
     if num_tokens == 0:
         return None
-    swa_fp8, *swa = _pool_geometry(swa_kv_cache, kv_layout, "swa_kv_cache")
+    swa_fp8, *swa_pages = _pool_geometry(swa_kv_cache, kv_layout, "swa_kv_cache")
     swa_index = _index_geometry(sparse_indices, num_tokens, "sparse_indices")
     if has_cmp:
         assert compressed_kv_cache is not None and extra_sparse_indices is not None
-        cmp_fp8, *cmp = _pool_geometry(
+        cmp_fp8, *cmp_pages = _pool_geometry(
             compressed_kv_cache, kv_layout, "compressed_kv_cache"
         )
         cmp_index = _index_geometry(
@@ -758,18 +758,18 @@ def _geometry(
         )
     else:
         # Never dereferenced: HAS_CMP is a compile-time False.
-        cmp_fp8, cmp, cmp_index = False, [1, 0, 0], (0, 0, 0)
+        cmp_fp8, cmp_pages, cmp_index = False, [1, 0, 0], (0, 0, 0)
     return _Geometry(
         num_tokens=num_tokens,
         num_heads=num_heads,
         q_strides=(query.stride(0), query.stride(1)),
         out_strides=(out.stride(0), out.stride(1)),
         swa_rec=int(swa_fp8),
-        swa=tuple(swa),
+        swa=(swa_pages[0], swa_pages[1], swa_pages[2]),
         swa_index=swa_index,
         has_cmp=has_cmp,
         cmp_rec=int(cmp_fp8),
-        cmp=tuple(cmp),
+        cmp=(cmp_pages[0], cmp_pages[1], cmp_pages[2]),
         cmp_index=cmp_index,
         has_sinks=sinks is not None,
         device=query.device,
