@@ -43,7 +43,6 @@ from vllm.platforms.interface import DeviceCapability
 
 if TYPE_CHECKING:
     from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
-    from vllm.v1.attention.backend import MultipleOf
     from vllm.v1.kv_cache_interface import KVCacheSpec
 
 # Configures vLLM's log handler now, so main() can point it at stderr before
@@ -172,21 +171,6 @@ def packed_record(capability: DeviceCapability) -> tuple[int, int]:
 
     with capability_at_platform(capability):
         return MXFP8_RECORD if _use_v41_mxfp8_kv_record() else V4_RECORD
-
-
-def kernel_block_sizes(
-    layer_cls: type, capability: DeviceCapability
-) -> "dict[str, list[int | MultipleOf]]":
-    """The kernel pages each backend of ``layer_cls`` offers, by cache kind:
-    the backends' own answers, asked with the GPU at the platform boundary."""
-    from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
-
-    with capability_at_platform(capability):
-        return {
-            "compressed": layer_cls.backend_cls.get_supported_kernel_block_sizes(),
-            "swa": layer_cls.swa_backend_cls.get_supported_kernel_block_sizes(),
-            "indexer": DeepseekV41IndexerBackend.get_supported_kernel_block_sizes(),
-        }
 
 
 @contextlib.contextmanager

@@ -108,11 +108,12 @@ def test_flashmla_negotiates_no_plan_but_refuses_an_unbindable_block_size(
         ((8, 0), "fp8", True),
     ],
 )
-def test_supports_combination(capability, dtype, refused):
-    reason = MLA.supports_combination(
+def _supports(capability, kv_cache_dtype):
+    """supports_combination for a sparse MLA layer of DeepSeek V4.1's shape."""
+    return MLA.supports_combination(
         512,
         torch.bfloat16,
-        dtype,
+        kv_cache_dtype,
         None,
         True,
         True,
@@ -120,6 +121,10 @@ def test_supports_combination(capability, dtype, refused):
         False,
         policy.DeviceCapability(*capability),
     )
+
+
+def test_supports_combination(capability, dtype, refused):
+    reason = _supports(capability, dtype)
     assert (reason is not None) == refused
 
 
@@ -212,15 +217,5 @@ def test_supports_combination_without_flashinfer_sm120_kernels(
         "vllm.utils.flashinfer.has_flashinfer_sparse_mla_sm120", lambda: False
     )
     assert isinstance(policy.installed_sm120_envelope(), str)
-    reason = MLA.supports_combination(
-        512,
-        torch.bfloat16,
-        "fp8",
-        None,
-        True,
-        True,
-        True,
-        False,
-        policy.DeviceCapability(*capability),
-    )
+    reason = _supports(capability, "fp8")
     assert reason is None
