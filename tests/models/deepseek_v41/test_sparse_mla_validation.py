@@ -93,21 +93,6 @@ def test_flashmla_negotiates_no_plan_but_refuses_an_unbindable_block_size(
         negotiate(vllm_config_stand_in(block_size=128))
 
 
-@pytest.mark.parametrize(
-    "capability, dtype, refused",
-    [
-        ((10, 0), "fp8_ds_mla", True),
-        ((10, 0), "auto", False),
-        ((10, 0), None, False),
-        ((12, 0), "fp8", False),
-        ((12, 0), "bfloat16", True),
-        # No flag, or auto: the two-segment layer stores the packed record,
-        # as start-up resolves it; refusing it here would contradict start-up.
-        ((12, 0), "auto", False),
-        ((12, 1), None, False),
-        ((8, 0), "fp8", True),
-    ],
-)
 def _supports(capability, kv_cache_dtype):
     """supports_combination for a sparse MLA layer of DeepSeek V4.1's shape."""
     return MLA.supports_combination(
@@ -123,6 +108,21 @@ def _supports(capability, kv_cache_dtype):
     )
 
 
+@pytest.mark.parametrize(
+    "capability, dtype, refused",
+    [
+        ((10, 0), "fp8_ds_mla", True),
+        ((10, 0), "auto", False),
+        ((10, 0), None, False),
+        ((12, 0), "fp8", False),
+        ((12, 0), "bfloat16", True),
+        # No flag, or auto: the two-segment layer stores the packed record,
+        # as start-up resolves it; refusing it here would contradict start-up.
+        ((12, 0), "auto", False),
+        ((12, 1), None, False),
+        ((8, 0), "fp8", True),
+    ],
+)
 def test_supports_combination(capability, dtype, refused):
     reason = _supports(capability, dtype)
     assert (reason is not None) == refused
