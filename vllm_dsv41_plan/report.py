@@ -42,7 +42,6 @@ from vllm.logger import init_logger
 from vllm.platforms.interface import DeviceCapability
 
 if TYPE_CHECKING:
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
     from vllm.v1.kv_cache_interface import KVCacheSpec
 
 # Configures vLLM's log handler now, so main() can point it at stderr before
@@ -65,6 +64,11 @@ KERNEL_PATHS = {
 INDEXER_KERNEL = "DeepGEMM fp8_fp4_paged_mqa_logits (the sparse indexer)"
 # model_type of DeepSeek V4.1 checkpoints (vLLM's DeepseekV41Config).
 DSV41_MODEL_TYPE = "deepseek_v41"
+# The compress ratios of DeepSeek V4.1's compressed layers (0: sliding window only).
+DSV41_COMPRESS_RATIOS = (1, 2)
+# Tokens per sliding-window page where the backend has no page hook: the
+# page the layer builds its sliding-window cache with.
+SWA_BLOCK_SIZE = 32
 # The fields the report reads, and their JSON types.
 REQUIRED_FIELDS = {
     "num_attention_heads": int,
@@ -284,16 +288,16 @@ def cache_specs(
     )
     packed = cache_dtype in ("fp8_ds_mla", "nvfp4_ds_mla")
     quant_mode = get_kv_quant_mode(cache_dtype)
+    # The page hooks of a vLLM whose caches ask their backends for pages
+    # (none: the sliding-window page, else --block-size).
+    swa_hook = getattr(layer_cls.swa_backend_cls, "get_swa_block_size", None)
+    compressed_hook = getattr(layer_cls.backend_cls, "get_compressed_block_size", None)
+    indexer_hook = getattr(DeepseekV41IndexerBackend, "get_indexer_block_size", None)
+    ratios = set(hf_config.compress_ratios)
     with capability_at_platform(capability):
-        swa_block_size = layer_cls.swa_backend_cls.get_swa_block_size()
-        compressed_pages = {
-            r: layer_cls.backend_cls.get_compressed_block_size(r)
-            for r in set(hf_config.compress_ratios)
-        }
-        indexer_pages = {
-            r: DeepseekV41IndexerBackend.get_indexer_block_size(r)
-            for r in set(hf_config.compress_ratios)
-        }
+        swa_block_size = swa_hook() if swa_hook else SWA_BLOCK_SIZE
+        compressed_pages = {r: compressed_hook and compressed_hook(r) for r in ratios}
+        indexer_pages = {r: indexer_hook and indexer_hook(r) for r in ratios}
     swa = _spec(
         SlidingWindowMLASpec,
         block_size=swa_block_size,
@@ -377,9 +381,6 @@ def check_block_size(
 def check_model_shape(hf_config: Any, tensor_parallel_size: int) -> int:
     """Refuse, as vLLM's config checks and layers do, values no DeepSeek V4.1
     model is built with; return the attention heads per GPU."""
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
-    from vllm.v1.attention.backends.mla.indexer_pages import DSV41_COMPRESS_RATIOS
-
     heads = hf_config.num_attention_heads
     problem = None
     if heads <= 0:
@@ -403,7 +404,7 @@ def check_model_shape(hf_config: Any, tensor_parallel_size: int) -> int:
             f"--tensor-parallel-size {tensor_parallel_size}. Use one of {sizes}."
         )
     if problem:
-        raise pages.UnsupportedSparseMLAConfig(f"DeepSeek V4.1: {problem}")
+        raise ValueError(f"DeepSeek V4.1: {problem}")
     return heads // tensor_parallel_size
 
 
@@ -417,11 +418,12 @@ def make_plan(
     use_non_causal: bool = False,
     block_size: int | None = None,
     attention_backend: str | None = None,
-    envelope: "pages.SM120Envelope | None" = None,
+    envelope: Any = None,
 ) -> Plan:
     """The plan start-up makes on a GPU of ``capability`` with the attention
-    class it builds for ``attention_backend`` (None: vLLM's choice)."""
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as pages
+    class it builds for ``attention_backend`` (None: vLLM's choice).
+    ``envelope``: the FlashInfer SM120 kernels the page policy plans for,
+    where this vLLM has one (default: the installed FlashInfer's)."""
     from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
         DeepseekV4FlashInferMLASparseBackend as flashinfer,
     )
@@ -430,7 +432,7 @@ def make_plan(
         capability=f"{capability.major}.{capability.minor}",
         local_heads=hf_config.num_attention_heads // max(tensor_parallel_size, 1),
     )
-    swa_topk = pages.swa_topk(
+    swa_topk = sm120_swa_topk(
         hf_config.sliding_window, use_non_causal, num_speculative_tokens
     )
     try:
@@ -448,7 +450,11 @@ def make_plan(
                     f"{backend.get_name()} does not run on SM{capability.to_int()}; "
                     "choose another --attention-backend."
                 )
-            if backend is flashinfer:
+            if backend is flashinfer and hasattr(backend, "paged_backends"):
+                # A vLLM whose backend pages its caches by the page policy.
+                pages = importlib.import_module(
+                    "vllm.models.deepseek_v41.nvidia.sparse_mla_pages"
+                )
                 plan = pages.negotiate(
                     capability,
                     backend.paged_backends(),
@@ -461,17 +467,24 @@ def make_plan(
                 kernel_path = KERNEL_PATHS[plan.kernel.value]
                 padded_heads = plan.padded_heads
             else:
-                # The layer's own negotiation, as its __init__ calls it.
-                backend.negotiate(_layer_config(kv_cache_dtype, block_size))
                 plan = None
-                kernel_path = KERNEL_PATHS[backend.get_name()]
                 padded_heads = layer_cls.get_padded_num_q_heads(local_heads)
+                if negotiate := getattr(backend, "negotiate", None):
+                    # The layer's own negotiation, as its __init__ calls it.
+                    negotiate(_layer_config(kv_cache_dtype, block_size))
+                kernel_path = None
             cache_dtype, _ = resolve_kv_cache_dtype(layer_cls, kv_cache_dtype)
             specs = cache_specs(
                 layer_cls, capability, hf_config, kv_cache_dtype, block_size
             )
             check_block_size(layer_cls, specs, block_size)
-    except (pages.UnsupportedSparseMLAConfig, ValueError, RuntimeError) as e:
+            # The two-segment layer chooses its kernel once its caches exist.
+            kernel_path = kernel_path or KERNEL_PATHS[
+                flashinfer_kernel(capability, padded_heads, swa_topk)
+                if backend is flashinfer
+                else backend.get_name()
+            ]
+    except (ValueError, RuntimeError) as e:
         report.error = str(e)
         return report
 
@@ -514,6 +527,42 @@ def make_plan(
                 )
             )
     return report
+
+
+def sm120_swa_topk(
+    window_size: int, use_non_causal: bool, num_speculative_tokens: int | None
+) -> int:
+    """The sliding-window top-k the two-segment layer's kernels are asked
+    for: vLLM's own answer for this speculative setup."""
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse
+
+    ask = getattr(flashinfer_sparse, "required_sm120_sparse_topk", None)
+    if ask is None:  # vLLM 0.30 keeps it private
+        ask = flashinfer_sparse._required_sm120_sparse_topk  # type: ignore[attr-defined]
+    speculative = (
+        SimpleNamespace(num_speculative_tokens=num_speculative_tokens)
+        if num_speculative_tokens
+        else None
+    )
+    config = SimpleNamespace(
+        attention_config=SimpleNamespace(use_non_causal=use_non_causal),
+        speculative_config=speculative,
+    )
+    return ask(config, window_size)
+
+
+def flashinfer_kernel(
+    capability: DeviceCapability, padded_heads: int, swa_topk: int
+) -> str:
+    """The kernel (SparseMLAKernel value) FLASHINFER_MLA_SPARSE_DSV41's layer
+    runs on ``capability``, chosen as the layer chooses it."""
+    from vllm.models.deepseek_v41.nvidia import sparse_mla_launcher
+    from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import SparseMLAKernel
+
+    if capability.major == 10:
+        return SparseMLAKernel.TRTLLM_GEN.value
+    with capability_at_platform(capability):
+        return sparse_mla_launcher.choose_kernel(padded_heads, swa_topk).value
 
 
 def _default_class_note(

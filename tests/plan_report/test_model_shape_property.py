@@ -9,9 +9,8 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
-    DeepseekV4FlashInferMLASparseBackend as MLA,
+    DeepseekV4FlashInferSM120Attention as SM120,
 )
 from vllm.platforms.interface import DeviceCapability
 from vllm_dsv41_plan import report
@@ -34,16 +33,14 @@ def test_model_validation_answers_or_refuses(
         num_attention_heads=heads, sliding_window=window, compress_ratios=ratios
     )
     try:
-        report.check_model_shape(hf_config, tp)
-        geometry = policy.negotiate(
-            DeviceCapability(major, 0),
-            MLA.paged_backends(),
-            num_local_heads=heads // tp,
-            kv_cache_dtype="auto",
-            swa_topk=policy.swa_topk(window, non_causal, spec),
-        )
-    except policy.UnsupportedSparseMLAConfig:
+        local_heads = report.check_model_shape(hf_config, tp)
+        padded = SM120.get_padded_num_q_heads(local_heads)
+        topk = report.sm120_swa_topk(window, non_causal, spec)
+        kernel = report.flashinfer_kernel(DeviceCapability(major, 0), padded, topk)
+    except ValueError:
         return
     assert heads > 0 and window > 0 and tp >= 1 and heads % tp == 0
     assert set(ratios) <= {0, 1, 2}
-    assert geometry.padded_heads >= heads // tp
+    assert padded >= heads // tp
+    assert topk >= window
+    assert kernel in report.KERNEL_PATHS

@@ -257,12 +257,12 @@ MORE_REFUSALS = {
     ),
     "heads-over-128": (
         ["--capability", "12.0"],
-        "cannot run 256 attention heads per GPU",
+        "does not support 256 heads",
         _with(num_attention_heads=256),
     ),
     "bf16-on-sm120": (
         ["--capability", "12.0", "--kv-cache-dtype", "bfloat16"],
-        "--kv-cache-dtype bfloat16",
+        "bfloat16",
         None,
     ),
 }

@@ -5,34 +5,24 @@ each GPU family, the attention class start-up builds by default and for each
 --attention-backend that runs there, TP 1-8 and --block-size unset/16-256.
 
 Start-up's verdict is asked here the way the layers ask it as the model is
-built (the class vLLM selects, its head padding, its backend's negotiation,
-the kv-source layers' --block-size check over the specs the layers' own code
-builds); tests/models/deepseek_v41/test_block_size_binding.py holds that
-check against vLLM's KV binding.
+built (the class vLLM selects, its head padding, the kv-source layers'
+--block-size check over the specs the layers' own code builds);
+tests/models/deepseek_v41/test_block_size_binding.py holds that check against
+vLLM's KV binding.
 """
 
 import pytest
 
 from tests.models.deepseek_v41 import test_block_size_binding as binding
-from tests.models.deepseek_v41.layer_config import vllm_config_stand_in
-from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
 from vllm_dsv41_plan import report
 
 pytestmark = pytest.mark.default_base_only
 
 
-def start_up_refusal(monkeypatch, layer_cls, tp: int, block_size) -> str | None:
+def start_up_refusal(layer_cls, tp: int, block_size) -> str | None:
     """What building the model raises (None: it builds)."""
-    monkeypatch.setattr(policy, "get_tensor_model_parallel_world_size", lambda: tp)
     try:
         layer_cls.get_padded_num_q_heads(binding.LAYOUT.num_attention_heads // tp)
-        config = vllm_config_stand_in(
-            heads=binding.LAYOUT.num_attention_heads,
-            block_size=block_size or 64,
-            user_block=block_size is not None,
-        )
-        config.model_config.hf_config = binding.LAYOUT
-        layer_cls.backend_cls.negotiate(config)
         engine = binding.engine_config(layer_cls, block_size)
         return binding.start_up_refusal(binding.build_caches(layer_cls, engine), engine)
     except ValueError as e:
@@ -44,9 +34,7 @@ def start_up_refusal(monkeypatch, layer_cls, tp: int, block_size) -> str | None:
 @pytest.mark.parametrize(
     "capability", binding.CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}"
 )
-def test_the_report_says_what_start_up_does(
-    monkeypatch, set_capability, capability, tp, block_size
-):
+def test_the_report_says_what_start_up_does(set_capability, capability, tp, block_size):
     capability = set_capability(*capability)
     for name in binding.BACKENDS:
         try:
@@ -64,7 +52,7 @@ def test_the_report_says_what_start_up_does(
         )
         where = f"{name or 'default'} ({layer_cls.__name__}) --block-size {block_size}"
         assert ours.attention_class.endswith(f".{layer_cls.__name__}"), where
-        theirs = start_up_refusal(monkeypatch, layer_cls, tp, block_size)
+        theirs = start_up_refusal(layer_cls, tp, block_size)
         assert (ours.error is None) == (theirs is None), (where, ours.error, theirs)
         if theirs is not None:
             assert ours.error == theirs, where

@@ -13,6 +13,7 @@ from tools.fork.edit_engine import (
     INSERT_BEFORE,
     REPLACE,
     REPLACE_BODY,
+    REPLACE_STATEMENT,
     Edit,
     EditError,
     apply_edit,
@@ -118,6 +119,15 @@ def test_deleting_a_statement_leaves_no_blank_line():
     out = apply_edit(SOURCE, _edit("", REPLACE, "", "import os"), "1")
     assert out.startswith("\n\nclass Cache:") or out.startswith("\nclass Cache:")
     assert "import os" not in out
+
+
+def test_replace_statement_takes_the_whole_block():
+    edit = _edit("Cache.build", REPLACE_STATEMENT, "n = min(n, 2)", "if n > 2")
+    out = apply_edit(SOURCE, edit, "1")
+    assert "        self.pages = make(block=32, n=n)\n        n = min(n, 2)\n" in out
+    assert "if n > 2" not in out and "return n\n" not in out
+    gone = apply_edit(SOURCE, _edit("Cache.build", REPLACE_STATEMENT, "", "if n"), "1")
+    assert "make(block=32, n=n)\n        return 0\n" in gone
 
 
 def test_module_level_definition_gets_pep8_spacing():

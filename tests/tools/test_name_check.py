@@ -21,7 +21,7 @@ def _planted_build_error(monkeypatch, upstream_wheel_path, body: str) -> str:
     FlashInfer backend."""
     host = next(e for e in EDITS if e.action == ADD_TO_CLASS and e.scope == BACKEND)
     method = "@classmethod\ndef planted(cls) -> int:\n" + textwrap.indent(body, "    ")
-    planted = dataclasses.replace(host, text=method)
+    planted = dataclasses.replace(host, text=method, bases=None)
     monkeypatch.setattr(build_wheel, "EDITS", (*EDITS, planted))
     with pytest.raises(name_check.NameCheckError) as info:
         build_wheel.edited_upstream_files(upstream_wheel_path)

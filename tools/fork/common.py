@@ -6,6 +6,8 @@ They run before any vLLM is installed, so this uses only the standard library
 and reads the pin straight from its file."""
 
 import base64
+import fnmatch
+import functools
 import hashlib
 import os
 import runpy
@@ -22,6 +24,7 @@ NEW_MODULES = REPO / "vllm"
 # ``vllm`` and linked into the dev venvs; not vLLM's, not in the patch series.
 FORK_PACKAGES = (REPO / "vllm_dsv41_plan",)
 PIN_FILE = REPO / "tools" / "fork" / "pin.py"
+SERIES_FILE = REPO / "tools" / "fork" / "series.toml"
 WHEEL_CACHE = REPO / ".cache" / "wheels"
 DEV_REQUIREMENTS = REPO / "requirements" / "dev.txt"
 # A fresh CI machine downloads a few GB from the package index: one dropped
@@ -220,11 +223,33 @@ def upstream_requirements(wheel: Path) -> list[str]:
     ]
 
 
+@functools.cache
+def series() -> dict:
+    """tools/fork/series.toml: each base's pull requests and each concern's files."""
+    import tomllib  # Python 3.11: only the build tools read it, not the wheel writer
+
+    return tomllib.loads(SERIES_FILE.read_text())
+
+
+def on_base(path: str | Path, base: str | None = None) -> bool:
+    """Whether the repository file ``path`` belongs to ``base`` (default: the
+    pin's): a file some concern lists does only where one of them is in the
+    base's series (the page policy and its tests are the backport's alone)."""
+    listed = [
+        concern
+        for concern, patterns in series()["files"].items()
+        if any(fnmatch.fnmatch(str(path), p) for p in patterns)
+    ]
+    prs = series()["pull_requests"][base or load_pin().VLLM_VERSION].values()
+    return not listed or any(c in listed for pr in prs for c in pr)
+
+
 def new_module_files(roots: tuple[Path, ...] = (NEW_MODULES,)) -> list[Path]:
-    """Files under ``roots``, relative to REPO, sorted per root, no bytecode."""
+    """Files under ``roots`` on the pin's base, relative to REPO, sorted per
+    root, no bytecode."""
     files = [p for root in roots for p in sorted(root.rglob("*")) if p.is_file()]
     keep = (p for p in files if "__pycache__" not in p.parts and p.suffix != ".pyc")
-    return [p.relative_to(REPO) for p in keep]
+    return [p.relative_to(REPO) for p in keep if on_base(p.relative_to(REPO))]
 
 
 def fork_package_files() -> list[Path]:

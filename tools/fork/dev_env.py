@@ -43,6 +43,10 @@ def link_fork(site: Path) -> list[Path]:
     def visit(src_dir: Path, dst_dir: Path) -> None:
         for src in sorted(src_dir.iterdir()):
             dst = dst_dir / src.name
+            if src.is_file() and not common.on_base(src.relative_to(REPO)):
+                if dst.is_symlink():
+                    dst.unlink()  # linked while the venv had another base
+                continue
             if src.name == "__pycache__" or link(src, dst):
                 continue
             if not (src.is_dir() and dst.is_dir()):

@@ -22,7 +22,16 @@ INSERT_BEFORE = "insert_before"
 INSERT_AFTER = "insert_after"
 ADD_TO_CLASS = "add_to_class"  # appended to the class body
 REPLACE_BODY = "replace_body"  # the function body, docstring kept
-ACTIONS = (REPLACE, INSERT_BEFORE, INSERT_AFTER, ADD_TO_CLASS, REPLACE_BODY)
+# The anchor's innermost statement (a whole ``if`` block, say) becomes ``text``.
+REPLACE_STATEMENT = "replace_statement"
+ACTIONS = (
+    REPLACE,
+    INSERT_BEFORE,
+    INSERT_AFTER,
+    ADD_TO_CLASS,
+    REPLACE_BODY,
+    REPLACE_STATEMENT,
+)
 
 
 class EditError(RuntimeError):
@@ -46,7 +55,12 @@ class Edit:
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise ValueError(f"unknown edit action {self.action!r}")
-        needs_anchor = self.action in (REPLACE, INSERT_BEFORE, INSERT_AFTER)
+        needs_anchor = self.action in (
+            REPLACE,
+            INSERT_BEFORE,
+            INSERT_AFTER,
+            REPLACE_STATEMENT,
+        )
         if needs_anchor != (self.anchor is not None):
             raise ValueError(
                 f"{self.file}: {self.scope}: {self.action} "
@@ -176,15 +190,21 @@ def apply_edit(source: str, edit: Edit, base: str) -> str:
             lines[line:] = rest
         else:
             first, last, col = _insertion_span(node, line, column)
-            new_lines = _indented(edit.text, " " * col)
-            if new_lines[0].lstrip().startswith(("class ", "def ", "@")):
+            new_lines = _indented(edit.text, " " * col) if edit.text.strip() else []
+            if edit.action == REPLACE_STATEMENT:
+                lines[first - 1 : last] = new_lines
+                return _parsed("".join(lines), edit)
+            if new_lines and new_lines[0].lstrip().startswith(("class ", "def ", "@")):
                 # PEP 8 blank lines: two at module level, one in a class.
                 gap = ["\n"] * (2 if col == 0 else 1)
                 after = edit.action == INSERT_AFTER
                 new_lines = gap + new_lines if after else new_lines + gap
             at = first - 1 if edit.action == INSERT_BEFORE else last
             lines[at:at] = new_lines
-    edited = "".join(lines)
+    return _parsed("".join(lines), edit)
+
+
+def _parsed(edited: str, edit: Edit) -> str:
     try:
         ast.parse(edited)
     except SyntaxError as e:

@@ -22,11 +22,16 @@ from tools.fork.edit_engine import (
     INSERT_BEFORE,
     REPLACE,
     REPLACE_BODY,
+    REPLACE_STATEMENT,
     Edit,
 )
 
 BUGFIX, PAGES, VALIDATION, TRITON = "bugfix", "pages", "validation", "triton"
 CONCERNS = (BUGFIX, PAGES, VALIDATION, TRITON)
+# FlashInfer 0.6's fixed SM120 pages, the indexer's DeepGEMM pages and the
+# start-up negotiation built on them fix failures of the older base only.
+BACKPORT = ("0.30.0",)
+DEFAULT = ("0.34.0",)
 
 SWA = "vllm/v1/attention/backends/mla/sparse_swa.py"
 SPARSE_MLA = "vllm/models/deepseek_v41/sparse_mla.py"
@@ -99,7 +104,7 @@ EDITS: tuple[Edit, ...] = (
         BUGFIX,
         "a check that vLLM can bind a layer's caches at --block-size",
         anchor="class DeepseekV4Attention(",
-        bases=("0.34.0",),
+        bases=DEFAULT,
     ),
     Edit(
         ATTENTION,
@@ -120,7 +125,7 @@ EDITS: tuple[Edit, ...] = (
         BUGFIX,
         "each kv-source layer checks its caches against --block-size",
         anchor="bounded_replay=swa_bounded_replay,",
-        bases=("0.34.0",),
+        bases=DEFAULT,
     ),
     # ---- pages: the hooks, the policy's answers, the caches built from them
     Edit(
@@ -137,6 +142,7 @@ EDITS: tuple[Edit, ...] = (
         ''',
         PAGES,
         "the SWA backend says which page the sliding-window cache gets",
+        bases=BACKPORT,
     ),
     Edit(
         SPARSE_MLA,
@@ -151,6 +157,7 @@ EDITS: tuple[Edit, ...] = (
         ''',
         PAGES,
         "the sparse-MLA backend may fix the compressed-KV page",
+        bases=BACKPORT,
     ),
     Edit(
         ATTENTION,
@@ -166,6 +173,7 @@ EDITS: tuple[Edit, ...] = (
         "import the SWA backend whose page the cache asks for",
         anchor="from vllm.v1.attention.backends.mla.sparse_swa import "
         "DeepseekV4SWACache",
+        bases=BACKPORT,
     ),
     Edit(
         ATTENTION,
@@ -179,6 +187,7 @@ EDITS: tuple[Edit, ...] = (
         PAGES,
         "the sliding-window cache is built with its backend's page",
         anchor="block_size=32,",
+        bases=BACKPORT,
     ),
     Edit(
         ATTENTION,
@@ -193,6 +202,7 @@ EDITS: tuple[Edit, ...] = (
         PAGES,
         "the compressed-KV spec takes the backend's page when it fixes one",
         anchor="block_size=vllm_config.cache_config.block_size,",
+        bases=BACKPORT,
     ),
     Edit(
         INDEXER,
@@ -204,6 +214,7 @@ EDITS: tuple[Edit, ...] = (
         PAGES,
         "the indexer backend answers from DeepGEMM's page rule",
         anchor="from vllm.v1.attention.backend import",
+        bases=BACKPORT,
     ),
     Edit(
         INDEXER,
@@ -217,10 +228,8 @@ EDITS: tuple[Edit, ...] = (
         PAGES,
         "the indexer's kernel pages hold the states DeepGEMM reads, per ratio",
         # Before upstream's own answers, so none of them runs first.
-        anchor={
-            "0.30.0": "return [64 if current_platform.is_device_capability_family(90)",
-            "0.34.0": "if current_platform.is_device_capability_family(120):",
-        },
+        anchor="return [64 if current_platform.is_device_capability_family(90)",
+        bases=BACKPORT,
     ),
     Edit(
         INDEXER,
@@ -243,6 +252,7 @@ EDITS: tuple[Edit, ...] = (
         ''',
         PAGES,
         "the indexer backend pages its K caches and confirms them with DeepGEMM",
+        bases=BACKPORT,
     ),
     Edit(
         ATTENTION,
@@ -257,6 +267,7 @@ EDITS: tuple[Edit, ...] = (
         PAGES,
         "the indexer K cache is paged as its kernels read it",
         anchor="block_size=self.cache_config.block_size,",
+        bases=BACKPORT,
     ),
     Edit(
         ATTENTION,
@@ -268,6 +279,7 @@ EDITS: tuple[Edit, ...] = (
         PAGES,
         "an indexer page DeepGEMM refuses fails while the model is built",
         anchor="self.compress_ratio = compress_ratio",
+        bases=BACKPORT,
     ),
     Edit(
         FLASHINFER,
@@ -279,6 +291,7 @@ EDITS: tuple[Edit, ...] = (
         PAGES,
         "the backends answer from the page policy",
         anchor="from vllm.models.deepseek_v41.common.ops import",
+        bases=BACKPORT,
     ),
     Edit(
         FLASHINFER,
@@ -293,10 +306,8 @@ EDITS: tuple[Edit, ...] = (
         """,
         PAGES,
         "kernel page sizes come from the page policy",
-        anchor={
-            "0.30.0": "return [128]",
-            "0.34.0": "if current_platform.is_device_capability_family(120):",
-        },
+        anchor="return [128]",
+        bases=BACKPORT,
     ),
     Edit(
         FLASHINFER,
@@ -320,6 +331,7 @@ EDITS: tuple[Edit, ...] = (
         """,
         PAGES,
         "preferred --block-size and compressed-KV pages from the policy",
+        bases=BACKPORT,
     ),
     Edit(
         FLASHINFER,
@@ -357,6 +369,7 @@ EDITS: tuple[Edit, ...] = (
         PAGES,
         "an SWA backend for the two-segment layer with the policy's page",
         anchor="class DeepseekSparseSWAFlashInferBackend(",
+        bases=BACKPORT,
     ),
     Edit(
         FLASHINFER,
@@ -366,6 +379,7 @@ EDITS: tuple[Edit, ...] = (
         PAGES,
         "the two-segment layer pages its SWA cache as the policy says",
         anchor="swa_backend_cls = DeepseekSparseSWAFlashInferBackend",
+        bases=BACKPORT,
     ),
     # ---- validation: negotiate before any cache is built
     Edit(
@@ -378,6 +392,7 @@ EDITS: tuple[Edit, ...] = (
         VALIDATION,
         "the plan a backend's negotiation returns",
         anchor="from vllm.platforms import current_platform",
+        bases=BACKPORT,
     ),
     Edit(
         FLASHINFER,
@@ -390,6 +405,7 @@ EDITS: tuple[Edit, ...] = (
         "--block-size is checked against the indexer's kernel pages too",
         anchor="from vllm.v1.attention.backends.mla.sparse_swa import "
         "DeepseekSparseSWABackend",
+        bases=BACKPORT,
     ),
     Edit(
         SPARSE_MLA,
@@ -405,6 +421,7 @@ EDITS: tuple[Edit, ...] = (
         ''',
         VALIDATION,
         "a backend can refuse a configuration while the layers are built",
+        bases=BACKPORT,
     ),
     Edit(
         SPARSE_MLA,
@@ -432,6 +449,7 @@ EDITS: tuple[Edit, ...] = (
         """,
         VALIDATION,
         "FlashMLA refuses a --block-size its packed caches cannot bind with",
+        bases=BACKPORT,
     ),
     Edit(
         ATTENTION,
@@ -445,6 +463,7 @@ EDITS: tuple[Edit, ...] = (
         VALIDATION,
         "every DeepSeek V4.1 layer negotiates with its backend first",
         anchor="super().__init__()",
+        bases=BACKPORT,
     ),
     Edit(
         FLASHINFER,
@@ -465,6 +484,7 @@ EDITS: tuple[Edit, ...] = (
         """,
         VALIDATION,
         "the FlashInfer backend negotiates through the page policy",
+        bases=BACKPORT,
     ),
     Edit(
         FLASHINFER,
@@ -478,13 +498,14 @@ EDITS: tuple[Edit, ...] = (
         """,
         VALIDATION,
         "supports_combination asks the same validation as start-up",
+        bases=BACKPORT,
     ),
     # ---- triton: the portable kernel where FlashInfer has none
     Edit(
         FLASHINFER,
         f"{FI_BACKEND}.supports_compute_capability",
         REPLACE,
-        "capability.to_int() >= sparse_mla_pages.TRITON_MIN_CAPABILITY",
+        "capability.to_int() >= sparse_mla_kernel.TRITON_MIN_CAPABILITY",
         TRITON,
         "the backend runs from SM89 on, through the Triton kernel off Blackwell",
         anchor="capability.major in [10, 12]",
@@ -492,21 +513,108 @@ EDITS: tuple[Edit, ...] = (
     Edit(
         FLASHINFER,
         "",
+        INSERT_AFTER,
+        """
+        from vllm.models.deepseek_v41.nvidia import sparse_mla_kernel, sparse_mla_launcher
+        """,
+        TRITON,
+        "the two-segment layer runs its kernel through the launcher",
+        anchor="from vllm.models.deepseek_v41.common.ops import",
+        bases=DEFAULT,
+    ),
+    Edit(
+        FLASHINFER,
+        "",
         REPLACE,
-        "import sparse_mla_launcher, sparse_mla_pages",
+        "import sparse_mla_kernel, sparse_mla_launcher, sparse_mla_pages",
         TRITON,
         "the two-segment layer runs its kernel through the launcher",
         anchor="import sparse_mla_pages",
+        bases=BACKPORT,
+    ),
+    Edit(
+        FLASHINFER,
+        f"{FI_BACKEND}.get_supported_kernel_block_sizes",
+        INSERT_BEFORE,
+        """
+        capability = current_platform.get_device_capability()
+        if capability is not None and capability.major not in (10, 12):
+            # The Triton kernel reads pages of any size.
+            return [MultipleOf(1)]
+        """,
+        TRITON,
+        "off Blackwell the Triton kernel takes the pages the indexer takes",
+        anchor="if current_platform.is_device_capability_family(120):",
+        bases=DEFAULT,
+    ),
+    Edit(
+        FLASHINFER,
+        f"{FI_BACKEND}.supports_combination",
+        REPLACE,
+        "device_capability.to_int() >= sparse_mla_kernel.TRITON_MIN_CAPABILITY",
+        TRITON,
+        "off SM10x the two-segment layer serves the packed record from SM89 on",
+        anchor="device_capability.major == 12",
+        bases=DEFAULT,
+    ),
+    Edit(
+        FLASHINFER,
+        f"{FI_BACKEND}.supports_combination",
+        REPLACE_STATEMENT,
+        "",
+        TRITON,
+        "a GPU without FlashInfer's SM120 kernels runs the Triton kernel",
+        anchor="import has_flashinfer_sparse_mla_sm120",
+        bases=DEFAULT,
+    ),
+    Edit(
+        FLASHINFER,
+        f"{FI_BACKEND}.supports_combination",
+        REPLACE_STATEMENT,
+        "# FlashInfer's SM120 kernels or, without them, the Triton kernel.",
+        TRITON,
+        "a GPU without FlashInfer's SM120 kernels runs the Triton kernel",
+        anchor="if not has_flashinfer_sparse_mla_sm120():",
+        bases=DEFAULT,
+    ),
+    Edit(
+        FLASHINFER,
+        f"{FI_BACKEND}.supports_combination",
+        REPLACE,
+        """
+        (
+            "FLASHINFER_MLA_SPARSE_DSV4 requires SM10x, or SM"
+            f"{sparse_mla_kernel.TRITON_MIN_CAPABILITY} and later for its Triton kernel"
+        )
+        """,
+        TRITON,
+        "the refusal names the GPUs the backend serves",
+        anchor='"FLASHINFER_MLA_SPARSE_DSV4 requires SM10x or SM12x"',
+        bases=DEFAULT,
     ),
     Edit(
         FLASHINFER,
         f"{SM120_LAYER}.__init__",
-        REPLACE,
+        REPLACE_STATEMENT,
         "",
         TRITON,
-        "the shape probe is the negotiated plan's",
-        anchor="from vllm.utils.flashinfer import "
-        "has_flashinfer_sparse_mla_sm120_config",
+        "the layer's kernel choice asks FlashInfer for its shapes",
+        anchor="import has_flashinfer_sparse_mla_sm120_config",
+    ),
+    Edit(
+        FLASHINFER,
+        f"{SM120_LAYER}.__init__",
+        REPLACE_STATEMENT,
+        """
+        self.sparse_mla_kernel = sparse_mla_launcher.choose_kernel(
+            self.padded_heads, required_topk
+        )
+        """,
+        TRITON,
+        "a GPU or decode shape FlashInfer's SM120 kernels lack runs the Triton "
+        "kernel instead of failing",
+        anchor="if not has_flashinfer_sparse_mla_sm120_config(",
+        bases=DEFAULT,
     ),
     Edit(
         FLASHINFER,
@@ -516,6 +624,17 @@ EDITS: tuple[Edit, ...] = (
         TRITON,
         "a shape FlashInfer lacks is served by the Triton kernel the policy chose",
         anchor="has_flashinfer_sparse_mla_sm120_config(",
+        bases=BACKPORT,
+    ),
+    Edit(
+        FLASHINFER,
+        f"{SM120_LAYER}.__init__",
+        INSERT_AFTER,
+        "self.sparse_mla_kernel = self.sparse_mla_plan.kernel",
+        TRITON,
+        "the layer runs the kernel the page policy chose",
+        anchor="if not self.sparse_mla_plan.serves(",
+        bases=BACKPORT,
     ),
     Edit(
         FLASHINFER,
@@ -523,11 +642,11 @@ EDITS: tuple[Edit, ...] = (
         ADD_TO_CLASS,
         '''
         def _sparse_mla_decode(self, **kwargs) -> torch.Tensor:
-            """The kernel the page policy chose for this layer when it was built."""
-            return sparse_mla_launcher.launch(self.sparse_mla_plan.kernel, **kwargs)
+            """Run the kernel chosen for this layer when it was built."""
+            return sparse_mla_launcher.launch(self.sparse_mla_kernel, **kwargs)
         ''',
         TRITON,
-        "each layer runs the kernel negotiated for it",
+        "each layer runs the kernel chosen for it",
     ),
     Edit(
         FLASHINFER,

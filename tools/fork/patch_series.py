@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 import zipfile
 from pathlib import Path
 
@@ -32,12 +31,13 @@ from tools.fork.common import (  # noqa: E402
     load_pin,
     log,
     select_base,
+    series,
     upstream_wheel,
 )
 from tools.fork.edit_engine import apply_edits  # noqa: E402
 from tools.fork.edits import EDITS, INDEXER, PAGES  # noqa: E402
 
-_SERIES = tomllib.loads(Path(__file__).with_name("series.toml").read_text())
+_SERIES = series()
 FORK_ONLY: tuple[str, ...] = tuple(_SERIES["fork_only"])
 
 

@@ -15,7 +15,13 @@ import torch
 
 from tests.v1.attention.dsv41 import many_step_decode as msd
 from tests.v1.attention.dsv41.many_step_decode import PLANS, check
-from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
+from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+    DeepseekV4FlashInferSM120Attention,
+)
+from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import (
+    TRITON_MIN_CAPABILITY,
+    SparseMLAKernel,
+)
 from vllm.platforms.interface import DeviceCapability
 
 # GPU kernels accumulate in FP32 in their own order and round the output to
@@ -30,14 +36,14 @@ def _gpu_runs() -> list[tuple[str, str]]:
     capability = DeviceCapability(*torch.cuda.get_device_capability())
     if capability.major == 10:
         return []  # SM10x layers run the TRTLLM-gen class, not this one
-    if capability.to_int() < policy.TRITON_MIN_CAPABILITY:
+    if capability.to_int() < TRITON_MIN_CAPABILITY:
         return []
-    runs = [(plan, policy.SparseMLAKernel.TRITON) for plan in PLANS]
+    runs = [(plan, SparseMLAKernel.TRITON) for plan in PLANS]
     if capability.major == 12:
-        # FlashInfer's kernel on the SWA page the policy negotiates for it.
-        swa = policy.plan_pages(capability).swa_block_size
+        # FlashInfer's kernel on the SWA page the layer builds here.
+        swa = msd.swa_page(DeepseekV4FlashInferSM120Attention.swa_backend_cls)
         plan = next(p for p in PLANS if msd.page_plan(p).swa == swa)
-        runs.append((plan, policy.SparseMLAKernel.FLASHINFER_SM120))
+        runs.append((plan, SparseMLAKernel.FLASHINFER_SM120))
     return runs
 
 
@@ -47,7 +53,7 @@ def _gpu_runs() -> list[tuple[str, str]]:
     "runs in the Buildkite H100, RTX PRO 6000 and DGX Spark steps",
 )
 @pytest.mark.parametrize(
-    "plan,kernel", _gpu_runs() or [("sm12x", policy.SparseMLAKernel.TRITON)]
+    "plan,kernel", _gpu_runs() or [("sm12x", SparseMLAKernel.TRITON)]
 )
 def test_many_step_decode_on_gpu(plan: str, kernel: str) -> None:
     result = msd.run(plan, "full", kernel, "cuda", seed=1)

@@ -67,7 +67,10 @@ from tests.v1.attention.dsv41.test_attention_forward_cpu import (
     _make_layer as make_forward_layer,
 )
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
-from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
+from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import (
+    TRITON_MIN_CAPABILITY,
+    SparseMLAKernel,
+)
 from vllm.platforms.interface import DeviceCapability
 
 D = 512
@@ -127,13 +130,44 @@ SM12X = requires_gpu(12, "FlashInfer SM120 sparse MLA (RTX PRO 6000/RTX 5090/GB1
 ANY_CUDA = requires_gpu(None, "upstream Triton index builders", needs_flashinfer=False)
 
 
-def _plan() -> policy.SparseMLAPlan:
+def _policy() -> Any:
+    """The page policy, where this vLLM's layers page by it (else None)."""
+    name = "vllm.models.deepseek_v41.nvidia.sparse_mla_pages"
+    return importlib.import_module(name) if importlib.util.find_spec(name) else None
+
+
+def _plan(num_heads: int | None = None, swa_topk: int = WINDOW) -> Any:
+    """The kernel and pages of the two-segment or TRTLLM-gen layer on this
+    GPU: the page policy's plan where there is one, else the layer's own
+    choice (``choose_kernel``) on upstream's pages."""
     capability = _capability()
     assert capability is not None
-    return policy.plan_pages(capability)
+    if (policy := _policy()) is not None:
+        if num_heads is None:
+            return policy.plan_pages(capability)
+        return policy.negotiate(
+            capability,
+            fi.DeepseekV4FlashInferMLASparseBackend.paged_backends(),
+            num_local_heads=num_heads,
+            kv_cache_dtype="fp8",
+            swa_topk=swa_topk,
+        )
+    from vllm.models.deepseek_v41.nvidia import sparse_mla_launcher
+
+    if capability.major == 10:
+        kernel = SparseMLAKernel.TRTLLM_GEN
+    else:
+        kernel = sparse_mla_launcher.choose_kernel(num_heads or 64, swa_topk)
+    return SimpleNamespace(
+        kernel=kernel,
+        swa_block_size=UPSTREAM_SWA_PAGE,
+        fixed_page=None,
+        envelope=None,
+        compressed_block_size=lambda ratio: None,
+    )
 
 
-def _compressed_states(plan: policy.SparseMLAPlan, ratio: int) -> int:
+def _compressed_states(plan: Any, ratio: int) -> int:
     """Compressed states per page for a layer of ``ratio``, as the fork sizes
     the compressed-KV cache (negotiated, else the kernel's block size)."""
     tokens = plan.compressed_block_size(ratio)
@@ -452,7 +486,7 @@ SM12X_CASES = {
 def test_sm10x_trtllm_gen_matches_reference(name: str, workspace: torch.Tensor) -> None:
     case = SM10X_CASES[name]
     plan = _plan()
-    assert plan.kernel == policy.SparseMLAKernel.TRTLLM_GEN
+    assert plan.kernel == SparseMLAKernel.TRTLLM_GEN
     w = _kernel_world(
         case,
         plan.swa_block_size,
@@ -469,7 +503,7 @@ def test_sm12x_two_segment_matches_reference(
 ) -> None:
     case = SM12X_CASES[name]
     plan = _plan()
-    assert plan.kernel == policy.SparseMLAKernel.FLASHINFER_SM120
+    assert plan.kernel == SparseMLAKernel.FLASHINFER_SM120
     comp_states = _compressed_states(plan, case.ratio) if case.ratio else 64
     w = _kernel_world(case, plan.swa_block_size, comp_states, seed=_seed(name))
     _run_and_compare(_sm12x_arguments(w), w, "sparse", workspace)
@@ -540,13 +574,7 @@ def _forward_on_gpu(
         if case.cls == "sm120"
         else fi.DeepseekV4FlashInferMLAAttention
     )
-    geometry = policy.negotiate(
-        capability,
-        fi.DeepseekV4FlashInferMLASparseBackend.paged_backends(),
-        num_local_heads=case.heads,
-        kv_cache_dtype="fp8" if case.kv in ("packed", "fp8") else "auto",
-        swa_topk=WINDOW,
-    )
+    geometry = _plan(case.heads)
     kernel = force_kernel or geometry.kernel
     seed = random.SystemRandom().randrange(2**31)
     print(f"seed={seed} swa_page={plan.swa_block_size} kernel={kernel}")
@@ -561,7 +589,7 @@ def _forward_on_gpu(
                 setattr(metadata, key, _to_gpu(value))
     layer = make_forward_layer(world)
     assert type(layer) is layer_cls
-    layer.sparse_mla_plan = dataclasses.replace(geometry, kernel=kernel)
+    layer.sparse_mla_kernel = kernel
 
     for klass in type(layer).__mro__:
         module = sys.modules.get(klass.__module__)
@@ -599,7 +627,7 @@ def _forward_on_gpu(
     layer.forward_mqa(world.q, torch.empty(0, device=DEVICE), world.positions, output)
     _sync()
 
-    ran = "triton" if kernel == policy.SparseMLAKernel.TRITON else "flashinfer"
+    ran = "triton" if kernel == SparseMLAKernel.TRITON else "flashinfer"
     assert calls, "the sparse-MLA launcher was never called"
     assert {k for k, _ in calls} == {ran}
     assert {page for _, page in calls} == {plan.swa_block_size}
@@ -630,7 +658,7 @@ def test_sm12x_forward_through_fork_class(
     """FlashInfer's SM120 kernels under the fork's two-segment class, on the
     negotiated pages."""
     plan = _plan()
-    assert plan.kernel == policy.SparseMLAKernel.FLASHINFER_SM120
+    assert plan.kernel == SparseMLAKernel.FLASHINFER_SM120
     _forward_on_gpu(name, monkeypatch)
 
 
@@ -648,8 +676,8 @@ def _triton_forward_skip_reason() -> str | None:
     if reason is None and capability is not None:
         if capability.major == 10:
             reason = "SM10x runs the TRTLLM-gen class, never the Triton kernel"
-        elif capability.to_int() < policy.TRITON_MIN_CAPABILITY:
-            reason = f"the Triton kernel needs SM{policy.TRITON_MIN_CAPABILITY}+"
+        elif capability.to_int() < TRITON_MIN_CAPABILITY:
+            reason = f"the Triton kernel needs SM{TRITON_MIN_CAPABILITY}+"
     return reason
 
 
@@ -664,7 +692,7 @@ def test_two_segment_forward_on_triton(
     """The two-segment class on the fork's Triton kernel: the plan on SM90,
     and on SM12x the fallback for shapes FlashInfer's tables lack (there it
     keeps FlashInfer's negotiated pages)."""
-    _forward_on_gpu(name, monkeypatch, force_kernel=policy.SparseMLAKernel.TRITON)
+    _forward_on_gpu(name, monkeypatch, force_kernel=SparseMLAKernel.TRITON)
 
 
 # ---------------------------------------------------------------------------

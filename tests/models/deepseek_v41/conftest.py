@@ -23,12 +23,3 @@ def set_capability(monkeypatch):
         return capability
 
     return set_to
-
-
-@pytest.fixture
-def fresh_flashinfer_probe():
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_pages
-
-    sparse_mla_pages.installed_sm120_envelope.cache_clear()
-    yield
-    sparse_mla_pages.installed_sm120_envelope.cache_clear()

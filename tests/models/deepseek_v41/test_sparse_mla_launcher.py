@@ -1,11 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The SM120 layer runs the kernel its negotiation chose."""
-
-from types import SimpleNamespace
+"""The SM120 layer runs the kernel chosen for it when it was built."""
 
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
-from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
+from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import SparseMLAKernel
 
 
 def test_launcher_runs_the_layers_kernel(monkeypatch):
@@ -23,9 +21,9 @@ def test_launcher_runs_the_layers_kernel(monkeypatch):
     )
     layer = object.__new__(fi.DeepseekV4FlashInferSM120Attention)
     for kernel, expected in (
-        (policy.SparseMLAKernel.TRITON, "triton"),
-        (policy.SparseMLAKernel.FLASHINFER_SM120, "flashinfer"),
+        (SparseMLAKernel.TRITON, "triton"),
+        (SparseMLAKernel.FLASHINFER_SM120, "flashinfer"),
     ):
-        layer.sparse_mla_plan = SimpleNamespace(kernel=kernel)
+        layer.sparse_mla_kernel = kernel
         layer._sparse_mla_decode(query=kernel)
         assert ran[-1] == (expected, {"query": kernel})

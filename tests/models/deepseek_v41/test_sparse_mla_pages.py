@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.models.deepseek_v41.page_policy import fresh_flashinfer_probe  # noqa: F401
 from tests.v1.attention.dsv41.flashinfer_release import (
     FIXED_SM120_PAGE,
     RUNTIME_MAX_HEADS,
@@ -78,9 +79,8 @@ def test_sm10x_keeps_upstream_pages(capability):
     assert plan.compressed_block_size(2) is None
 
 
-def test_broken_flashinfer_configuration_is_not_a_silent_fallback(
-    monkeypatch, fresh_flashinfer_probe
-):
+@pytest.mark.usefixtures("fresh_flashinfer_probe")
+def test_broken_flashinfer_configuration_is_not_a_silent_fallback(monkeypatch):
     """FlashInfer's configuration API failing is an installation fault start-up
     reports, not a reason to switch kernels."""
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.models.deepseek_v41.layer_config import vllm_config_stand_in
+from tests.models.deepseek_v41.page_policy import fresh_flashinfer_probe  # noqa: F401
 from tests.v1.attention.dsv41.flashinfer_release import (
     FIXED_SM120_PAGE,
     decode_config_stand_in,
@@ -60,9 +61,8 @@ def test_gpus_without_flashinfer_kernels_run_triton(capability):
     assert plan.compressed_block_size(2) is None
 
 
-def test_sm12x_without_flashinfer_runs_triton_and_says_why(
-    monkeypatch, fresh_flashinfer_probe
-):
+@pytest.mark.usefixtures("fresh_flashinfer_probe")
+def test_sm12x_without_flashinfer_runs_triton_and_says_why(monkeypatch):
     _flashinfer_version(monkeypatch, None)
     geometry = _negotiate_fp8(SM120, 128)
     assert geometry.kernel == policy.SparseMLAKernel.TRITON
@@ -70,7 +70,8 @@ def test_sm12x_without_flashinfer_runs_triton_and_says_why(
     assert "portable Triton kernel" in geometry.note
 
 
-def test_flashinfer_without_sm120_kernels_is_said(monkeypatch, fresh_flashinfer_probe):
+@pytest.mark.usefixtures("fresh_flashinfer_probe")
+def test_flashinfer_without_sm120_kernels_is_said(monkeypatch):
     """A FlashInfer with neither fixed tables nor SM120 sparse-MLA kernels
     runs the Triton kernel and the note names why."""
     _flashinfer_version(monkeypatch, "0.7.9")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.models.deepseek_v41.layer_config import vllm_config_stand_in
+from tests.models.deepseek_v41.page_policy import fresh_flashinfer_probe  # noqa: F401
 from tests.v1.attention.dsv41.flashinfer_release import runtime_pages
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
@@ -205,10 +206,9 @@ def test_start_up_names_the_kernel_and_pages_once(
     assert logged == [expected]
 
 
+@pytest.mark.usefixtures("fresh_flashinfer_probe")
 @pytest.mark.parametrize("capability", [(12, 0), (12, 1)])
-def test_supports_combination_without_flashinfer_sm120_kernels(
-    monkeypatch, fresh_flashinfer_probe, capability
-):
+def test_supports_combination_without_flashinfer_sm120_kernels(monkeypatch, capability):
     """A FlashInfer without SM120 sparse-MLA kernels is an answer, not an
     error: the envelope probe gives its reason as a string, and the portable
     kernel serves the GPU."""

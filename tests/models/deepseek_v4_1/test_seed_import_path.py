@@ -11,7 +11,6 @@ SEED_NAMES = (
     "DeepseekV4FlashInferSparseMLAMetadataBuilder",
     "DeepseekSparseSWAFlashInferMetadataBuilder",
     "DeepseekSparseSWAFlashInferBackend",
-    "DeepseekSparseSWAFlashInferSM120Backend",
     "DeepseekV4FlashInferMLAAttention",
     "DeepseekV4FlashInferSM120Attention",
 )
@@ -25,7 +24,5 @@ def test_seed_names_are_the_backends_classes():
     for hook in (
         "get_supported_kernel_block_sizes",
         "get_preferred_block_size",
-        "get_compressed_block_size",
     ):
         assert callable(getattr(backend, hook)), hook
-    assert seed_path.DeepseekSparseSWAFlashInferSM120Backend.get_swa_block_size() > 0

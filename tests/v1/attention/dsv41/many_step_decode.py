@@ -53,7 +53,7 @@ from tests.v1.attention.dsv41.sparse_mla_reference import (
 )
 
 if TYPE_CHECKING:
-    from vllm.models.deepseek_v41.nvidia.sparse_mla_pages import SparseMLAKernel
+    from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import SparseMLAKernel
 
 WINDOW = 128
 D = 512
@@ -116,6 +116,17 @@ class Pages:
         return self.swa if group == 0 else self.states[group] * group
 
 
+# The sliding-window page vLLM's layers build where no backend says otherwise.
+UPSTREAM_SWA_PAGE = 32
+
+
+def swa_page(swa_backend: type) -> int:
+    """Tokens per sliding-window page the layers build with ``swa_backend``:
+    its own answer where vLLM's backends have a page hook."""
+    hook = getattr(swa_backend, "get_swa_block_size", None)
+    return hook() if hook else UPSTREAM_SWA_PAGE
+
+
 def page_plan(name: str) -> Pages:
     """``sm12x``: 64-token SWA pages and 64-state compressed pages.
     ``upstream``: vLLM's own, from its backends (32-token SWA pages; the
@@ -136,8 +147,11 @@ def page_plan(name: str) -> Pages:
 
         tokens = DeepseekV4SparseMLABackend.get_supported_kernel_block_sizes()[0]
         assert isinstance(tokens, int)
-        swa = DeepseekSparseSWABackend.get_swa_block_size()
-        return Pages(name, swa, {r: tokens // r for r in RATIOS if r})
+        return Pages(
+            name,
+            swa_page(DeepseekSparseSWABackend),
+            {r: tokens // r for r in RATIOS if r},
+        )
     raise ValueError(f"unknown page plan {name!r}; use sm12x or upstream")
 
 
@@ -298,7 +312,7 @@ class World:
             )
             if group == 0:
                 spec = SlidingWindowMLASpec(**packed, sliding_window=WINDOW)
-                swa_backend = fi.DeepseekSparseSWAFlashInferSM120Backend
+                swa_backend = fi.DeepseekV4FlashInferSM120Attention.swa_backend_cls
                 builder_cls = swa_backend.get_builder_cls()
             else:
                 spec = MLAAttentionSpec(**packed, tokens_per_state=group)
@@ -328,7 +342,7 @@ class World:
     def _layer(self, fi, ratio: int):
         layer = object.__new__(fi.DeepseekV4FlashInferSM120Attention)
         torch.nn.Module.__init__(layer)
-        layer.sparse_mla_plan = SimpleNamespace(kernel=self.kernel)
+        layer.sparse_mla_kernel = self.kernel
         layer.compress_ratio = ratio
         layer.window_size = WINDOW
         layer.max_image_tokens = 0
@@ -580,7 +594,7 @@ def run(
 ) -> dict:
     """Run the whole schedule; returns the largest errors and what happened.
     ``kernel``: a SparseMLAKernel or its value."""
-    from vllm.models.deepseek_v41.nvidia.sparse_mla_pages import SparseMLAKernel
+    from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import SparseMLAKernel
 
     kernel = SparseMLAKernel(kernel)
     dev = torch.device(device)

@@ -12,15 +12,15 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from vllm.models.deepseek_v41.nvidia import sparse_mla_pages
-
 SM12X_FIXED_PAGE = 64
 
 
 def force_sm12x_pages(setattr_: Callable[[Any, str, Any], None]) -> None:
     """Make the page policy plan SM12x's fixed pages wherever its plan is the
     Triton kernel. ``setattr_``: ``monkeypatch.setattr`` in a test, or
-    ``setattr`` in a benchmark process."""
+    ``setattr`` in a benchmark process. Needs a vLLM with the page policy."""
+    from vllm.models.deepseek_v41.nvidia import sparse_mla_pages
+
     plan_pages = sparse_mla_pages.plan_pages
 
     def plan_sm12x_pages(capability, envelope=None):

@@ -18,7 +18,7 @@ request: the causal window of 128 positions, the compressed entries the
 "indexer" picked, the sinks and the softmax scale.
 
 The classes are ``vllm.models.deepseek_v41.nvidia.flashinfer_sparse``'s; the
-SM120 layer runs the kernel its negotiated geometry names through
+SM120 layer runs the kernel chosen for it when it was built through
 ``sparse_mla_launcher``, here FlashInfer's (the reference).
 """
 
@@ -51,7 +51,7 @@ from tests.v1.attention.dsv41.sparse_mla_reference import (
     write_plain_pool,
 )
 from vllm.models.deepseek_v41.common.ops import cache_utils
-from vllm.models.deepseek_v41.nvidia import sparse_mla_pages as policy
+from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import SparseMLAKernel
 
 ATTENTION_MODULE = "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"
 attention = importlib.import_module(ATTENTION_MODULE)
@@ -347,13 +347,12 @@ def _make_layer(world: SimpleNamespace):
     )
     layer = object.__new__(cls)
     torch.nn.Module.__init__(layer)
-    # What the layer negotiated when it was built: FlashInfer's kernel.
-    kernel = (
-        policy.SparseMLAKernel.FLASHINFER_SM120
+    # The kernel chosen when the layer was built: FlashInfer's.
+    layer.sparse_mla_kernel = (
+        SparseMLAKernel.FLASHINFER_SM120
         if case.cls == "sm120"
-        else policy.SparseMLAKernel.TRTLLM_GEN
+        else SparseMLAKernel.TRTLLM_GEN
     )
-    layer.sparse_mla_plan = SimpleNamespace(kernel=kernel)
     layer.compress_ratio = case.ratio
     layer.window_size = WINDOW
     layer.max_image_tokens = 0
@@ -483,7 +482,7 @@ def test_attention_forward_matches_dense(name: str, patched) -> None:
 def test_sm120_decode_on_upstream_32_token_swa_pages_is_refused(patched) -> None:
     """Upstream 0.30.0 pages the SWA cache in 32 tokens; FlashInfer 0.6.x has
     no SM120 decode kernel for that, and the reference refuses it the same way
-    (this is the crash the fork's page negotiation removes)."""
+    (the crash FlashInfer 0.6's fixed pages cause)."""
     case = Case("sm120", [(40, 1), (100, 1)], [], 16, 2, swa_page=32)
     world = _build(case, random.SystemRandom().randrange(2**31))
     layer = _make_layer(world)

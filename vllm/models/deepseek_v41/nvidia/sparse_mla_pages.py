@@ -10,7 +10,6 @@ backends' hooks and start-up ask this module.
 
 import ast
 import dataclasses
-import enum
 import functools
 import importlib.metadata
 import importlib.util
@@ -22,6 +21,10 @@ from pathlib import Path
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.logger import init_logger
+from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import (
+    TRITON_MIN_CAPABILITY,
+    SparseMLAKernel,
+)
 from vllm.platforms import current_platform
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backend import AttentionBackend, MultipleOf
@@ -38,17 +41,8 @@ BACKEND_NAME = "FLASHINFER_MLA_SPARSE_DSV41"
 # two-segment layer over the packed fp8_ds_mla record ("auto" resolves to it).
 PLAIN_ROW_KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3")
 PACKED_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_ds_mla")
-# The Triton kernel reads FP8 E4M3 records, which Triton lowers from SM89 on.
-TRITON_MIN_CAPABILITY = 89
 # --block-size values a refusal checks and names as the ones that work.
 BLOCK_SIZE_CHOICES = (16, 32, 64, 128, 256)
-
-
-class SparseMLAKernel(enum.Enum):
-    TRTLLM_GEN = "flashinfer-trtllm-gen"
-    FLASHINFER_SM120 = "flashinfer-sm120"
-    TRITON = "triton"
-    FLASHMLA = "flashmla"
 
 
 class UnsupportedSparseMLAConfig(ValueError):

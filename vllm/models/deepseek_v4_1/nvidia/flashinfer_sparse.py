@@ -6,7 +6,6 @@ objects of ``vllm.models.deepseek_v41.nvidia.flashinfer_sparse`` themselves."""
 from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (  # noqa: F401
     DeepseekSparseSWAFlashInferBackend,
     DeepseekSparseSWAFlashInferMetadataBuilder,
-    DeepseekSparseSWAFlashInferSM120Backend,
     DeepseekV4FlashInferMLAAttention,
     DeepseekV4FlashInferMLASparseBackend,
     DeepseekV4FlashInferSM120Attention,
