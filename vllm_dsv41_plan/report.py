@@ -479,11 +479,14 @@ def make_plan(
             )
             check_block_size(layer_cls, specs, block_size)
             # The two-segment layer chooses its kernel once its caches exist.
-            kernel_path = kernel_path or KERNEL_PATHS[
-                flashinfer_kernel(capability, padded_heads, swa_topk)
-                if backend is flashinfer
-                else backend.get_name()
-            ]
+            kernel_path = (
+                kernel_path
+                or KERNEL_PATHS[
+                    flashinfer_kernel(capability, padded_heads, swa_topk)
+                    if backend is flashinfer
+                    else backend.get_name()
+                ]
+            )
     except (ValueError, RuntimeError) as e:
         report.error = str(e)
         return report

@@ -5,7 +5,8 @@
 One declarative list. Each edit names the upstream file and the class or
 function it changes, finds its target by the smallest anchor unique there,
 and carries only the fork's own lines, which call into the fork's new modules
-(the page policy, the kernel launcher). The build
+(the page policy, the kernel launcher). ``bases`` limits an edit to the
+upstream releases it fixes. The build
 reads the pristine files from the pinned wheel and applies these
 (tools/fork/edit_engine.py); nothing upstream is stored here.
 

@@ -78,4 +78,3 @@ def decode_config_stand_in(**overrides):
     config.supports_decode = supports_decode
     config.supported_num_heads = lambda: tuple(range(1, config.max_num_heads + 1))
     return config
-
