@@ -527,7 +527,13 @@ EDITS: tuple[Edit, ...] = (
         FLASHINFER,
         "",
         REPLACE,
-        "import sparse_mla_kernel, sparse_mla_launcher, sparse_mla_pages",
+        """
+        import (
+            sparse_mla_kernel,
+            sparse_mla_launcher,
+            sparse_mla_pages,
+        )
+        """,
         TRITON,
         "the two-segment layer runs its kernel through the launcher",
         anchor="import sparse_mla_pages",
