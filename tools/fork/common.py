@@ -244,12 +244,14 @@ def on_base(path: str | Path, base: str | None = None) -> bool:
     return not listed or any(c in listed for pr in prs for c in pr)
 
 
-def new_module_files(roots: tuple[Path, ...] = (NEW_MODULES,)) -> list[Path]:
-    """Files under ``roots`` on the pin's base, relative to REPO, sorted per
-    root, no bytecode."""
+def new_module_files(
+    roots: tuple[Path, ...] = (NEW_MODULES,), base: str | None = None
+) -> list[Path]:
+    """Files under ``roots`` on ``base`` (default: the pin's), relative to
+    REPO, sorted per root, no bytecode."""
     files = [p for root in roots for p in sorted(root.rglob("*")) if p.is_file()]
     keep = (p for p in files if "__pycache__" not in p.parts and p.suffix != ".pyc")
-    return [p.relative_to(REPO) for p in keep if on_base(p.relative_to(REPO))]
+    return [p.relative_to(REPO) for p in keep if on_base(p.relative_to(REPO), base)]
 
 
 def fork_package_files() -> list[Path]:

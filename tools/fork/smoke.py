@@ -12,16 +12,23 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.fork import common  # noqa: E402
 
 CHECKS = """
-import importlib.metadata, sys, vllm
+import importlib, importlib.metadata, sys, vllm
 from pathlib import Path
-from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi, sparse_mla_pages
+from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as seed_path
 
+modules, pages = sys.argv[1].split(), sys.argv[2] == "pages"
 site = Path(vllm.__file__).resolve().parent
-failures = [f"{m.__name__} imported from {m.__file__}" for m in (fi, sparse_mla_pages,
-    seed_path) if site not in Path(m.__file__).resolve().parents]
+failures = [f"{m.__name__} imported from {m.__file__}"
+    for m in [fi, seed_path, *map(importlib.import_module, modules)]
+    if site not in Path(m.__file__).resolve().parents]
 # The plan report ships beside vllm, with its default config.
 import vllm_dsv41_plan.report as plan_report
 if Path(plan_report.__file__).resolve().parents[1] != site.parent:
@@ -30,9 +37,9 @@ if not plan_report.DEFAULT_CONFIG.is_file():
     failures.append(f"the plan report's {plan_report.DEFAULT_CONFIG.name} is missing")
 backend = fi.DeepseekV4FlashInferMLASparseBackend
 swa_backend = getattr(fi, "DeepseekSparseSWAFlashInferSM120Backend", None)
-if fi.DeepseekV4FlashInferSM120Attention.swa_backend_cls is not swa_backend:
+if pages and fi.DeepseekV4FlashInferSM120Attention.swa_backend_cls is not swa_backend:
     failures.append("the SM120 layer does not page its SWA cache through the policy")
-if not hasattr(backend, "get_compressed_block_size"):
+if pages and not hasattr(backend, "get_compressed_block_size"):
     failures.append("the FlashInfer backend has no get_compressed_block_size")
 if seed_path.DeepseekV4FlashInferMLASparseBackend is not backend:
     failures.append("the seed import path names other classes")
@@ -44,6 +51,14 @@ if modules := sorted(m for m in sys.modules if m.startswith("vllm.plugins.deepse
 for failure in failures: print(f"SMOKE FAIL: {failure}", file=sys.stderr)
 sys.exit(1 if failures else 0)
 """
+# The page policy, whose hooks the checks above look for on the bases it ships.
+PAGE_POLICY = "vllm/models/deepseek_v41/nvidia/sparse_mla_pages.py"
+
+
+def _new_modules(base: str) -> str:
+    """The importable modules the fork adds to vLLM on ``base``."""
+    paths = (p.with_suffix("") for p in common.new_module_files(base=base))
+    return " ".join(".".join(p.parts) for p in paths if p.name != "__init__")
 
 
 def main() -> None:
@@ -51,8 +66,11 @@ def main() -> None:
     if "+" not in installed:
         print(f"SMOKE FAIL: installed vllm is {installed}, not a fork wheel")
         sys.exit(1)
+    base = installed.split("+")[0]
+    pages = "pages" if common.on_base(PAGE_POLICY, base) else "no-pages"
     env = {**os.environ, "VLLM_PLUGINS": ""}
-    if returncode := subprocess.run([sys.executable, "-c", CHECKS], env=env).returncode:
+    argv = [sys.executable, "-c", CHECKS, _new_modules(base), pages]
+    if returncode := subprocess.run(argv, env=env).returncode:
         sys.exit(returncode)
     print(f"smoke ok: vllm {installed}; the fork's classes load with no plugin")
 
