@@ -15,7 +15,7 @@ import zipfile
 import pytest
 
 from tools.fork.build_wheel import fork_files
-from tools.fork.common import REPO, load_pin
+from tools.fork.common import REPO, all_bases, load_pin
 from tools.fork.patch_series import (
     FORK_ONLY,
     extract_pristine,
@@ -31,6 +31,11 @@ PULL_REQUESTS = pull_requests(load_pin().VLLM_VERSION)
 NUM_PATCHES = sum(map(len, PULL_REQUESTS.values()))
 # The most lines outside tests/ a [Bugfix] patch that opens a series adds.
 BUGFIX_MAX_ADDED_LINES = 80
+# Words of this repository that upstream text has no use for: the fork, and
+# the vLLM releases it builds on (a pristine tree is simply vLLM).
+FORK_WORDS = re.compile(
+    "|".join([r"(?<![a-z])fork", *(re.escape(b) for b in all_bases())]), re.I
+)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +79,14 @@ def test_no_message_counts_lines(series):
     for patch in series:
         message = patch.read_text().split("\n---\n", 1)[0]
         assert not re.search(r"\d+ lines|lines changed", message), patch.name
+
+
+def test_no_patch_speaks_of_the_fork_or_its_bases(series):
+    for patch in series:
+        message, diff = patch.read_text().split("\n---\n", 1)
+        lines = [message, *(a for a in diff.splitlines() if a[:1] == "+")]
+        offending = [line for line in lines if FORK_WORDS.search(line)]
+        assert not offending, (patch.name, offending)
 
 
 @pytest.mark.default_base_only

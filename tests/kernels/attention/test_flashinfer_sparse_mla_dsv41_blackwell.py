@@ -10,17 +10,17 @@ whose pool writers also lay out the KV bytes the kernels read:
   form (one index table, SWA columns first) over BF16 and per-tensor FP8 pools;
 * SM12x (RTX PRO 6000, RTX 5090, GB10): the two-segment form over packed
   ``fp8_ds_mla`` pools, with the 32-token SWA page upstream vLLM builds refused
-  by FlashInfer and the page the fork negotiates accepted;
-* the model-free forward of the fork's attention classes with the real
+  by FlashInfer and the negotiated page accepted;
+* the model-free forward of the DeepSeek V4.1 attention classes with the real
   launcher and upstream's real Triton index builders (the approach of
   ``tests/v1/attention/dsv41/test_attention_forward_cpu.py``, on the GPU),
-  through the fork's launcher dispatcher, so the test also checks which kernel
-  ran: FlashInfer's where the policy picks it, the fork's Triton kernel on
+  through the sparse-MLA launcher, so the test also checks which kernel
+  ran: FlashInfer's where the policy picks it, the Triton kernel on
   SM90 and as the SM12x fallback;
 * any CUDA GPU (the H100/H200 step): upstream's Triton index builders against
   their first-principles references.
 
-Page sizes come from the fork's page policy for the GPU the test runs on, never
+Page sizes come from the page policy for the GPU the test runs on, never
 from constants here. Each test skips with a reason where its GPU or FlashInfer
 is missing, so CPU CI collects this file and reports why nothing ran.
 FlashInfer is imported only inside the tests: importing it with a CPU-only
@@ -168,7 +168,7 @@ def _plan(num_heads: int | None = None, swa_topk: int = WINDOW) -> Any:
 
 
 def _compressed_states(plan: Any, ratio: int) -> int:
-    """Compressed states per page for a layer of ``ratio``, as the fork sizes
+    """Compressed states per page for a layer of ``ratio``, as the layer sizes
     the compressed-KV cache (negotiated, else the kernel's block size)."""
     tokens = plan.compressed_block_size(ratio)
     if tokens is None:
@@ -540,7 +540,7 @@ def test_sm12x_upstream_swa_page_refused_negotiated_page_served(
 
 
 # ---------------------------------------------------------------------------
-# The forward through the fork's attention classes, real launcher
+# The forward through the attention classes, real launcher
 # ---------------------------------------------------------------------------
 
 
@@ -652,10 +652,10 @@ SM10X_FORWARD = [n for n, c in FORWARD_CASES.items() if c.cls == "sm10x"]
 
 @SM12X
 @pytest.mark.parametrize("name", SM120_FORWARD)
-def test_sm12x_forward_through_fork_class(
+def test_sm12x_forward_through_layer_class(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """FlashInfer's SM120 kernels under the fork's two-segment class, on the
+    """FlashInfer's SM120 kernels under the two-segment layer class, on the
     negotiated pages."""
     plan = _plan()
     assert plan.kernel == SparseMLAKernel.FLASHINFER_SM120
@@ -664,7 +664,7 @@ def test_sm12x_forward_through_fork_class(
 
 @SM10X
 @pytest.mark.parametrize("name", SM10X_FORWARD)
-def test_sm10x_forward_through_fork_class(
+def test_sm10x_forward_through_layer_class(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _forward_on_gpu(name, monkeypatch)
@@ -689,7 +689,7 @@ def _triton_forward_skip_reason() -> str | None:
 def test_two_segment_forward_on_triton(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The two-segment class on the fork's Triton kernel: the plan on SM90,
+    """The two-segment class on the Triton sparse-MLA kernel: the plan on SM90,
     and on SM12x the fallback for shapes FlashInfer's tables lack (there it
     keeps FlashInfer's negotiated pages)."""
     _forward_on_gpu(name, monkeypatch, force_kernel=SparseMLAKernel.TRITON)

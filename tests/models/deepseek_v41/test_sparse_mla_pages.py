@@ -74,7 +74,7 @@ def test_sm12x_pages_with_fixed_64_page_flashinfer(capability):
 def test_sm10x_keeps_upstream_pages(capability):
     plan = policy.plan_pages(capability)
     assert plan.kernel is policy.SparseMLAKernel.TRTLLM_GEN
-    assert plan.swa_block_size == 32  # what upstream vLLM 0.30.0 builds
+    assert plan.swa_block_size == 32  # vLLM's own SWA page
     assert plan.compressed_block_size(1) is None
     assert plan.compressed_block_size(2) is None
 

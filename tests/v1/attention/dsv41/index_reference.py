@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """First-principles references of the DeepSeek-V4 sparse-MLA index builders.
 
-vLLM 0.30.0 builds the FlashInfer index tables with Triton kernels that cannot
+vLLM builds the FlashInfer index tables with Triton kernels that cannot
 run on a CPU-only machine:
 
 * ``compute_global_topk_indices_and_lens`` and

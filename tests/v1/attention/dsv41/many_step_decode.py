@@ -133,9 +133,9 @@ def page_plan(name: str) -> Pages:
     compressed page its sparse-MLA backend asks for on this device, in
     tokens)."""
     if name == "sm12x":
-        # The pages the fork negotiates for FlashInfer 0.6's SM120 kernels
-        # (FlashInfer 0.7 takes any page, so there the fork keeps upstream's;
-        # both plans run on every base).
+        # The pages negotiated for FlashInfer 0.6's SM120 kernels (FlashInfer
+        # 0.7 takes any page, so there vLLM's own are kept; both plans run
+        # wherever the test does).
         from tests.v1.attention.dsv41.sm12x_pages import SM12X_FIXED_PAGE as page
 
         return Pages(name, page, {1: page, 2: page})

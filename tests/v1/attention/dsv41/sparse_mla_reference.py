@@ -49,7 +49,7 @@ Packed ``fp8_ds_mla`` page of ``S`` tokens (``stride(0)`` bytes apart):
 
 So the ``[pages, S, 584]`` tensor shape is a byte count, not a per-token record:
 a token's bytes are split between the data region and the page footer.  This
-was checked against vLLM 0.30.0's writer ``quantize_and_insert_k_kernel`` and
+was checked against vLLM's writer ``quantize_and_insert_k_kernel`` and
 reader ``_dequantize_and_gather_k_kernel`` in
 ``vllm/models/deepseek_v41/common/ops/cache_utils.py`` and against FlashInfer's
 ``KVCacheTraits<ModelType::DSV4>`` / ``io_gather_scales`` (sparse_mla_sm120).

@@ -480,7 +480,7 @@ def test_attention_forward_matches_dense(name: str, patched) -> None:
 
 @fixed_pages
 def test_sm120_decode_on_upstream_32_token_swa_pages_is_refused(patched) -> None:
-    """Upstream 0.30.0 pages the SWA cache in 32 tokens; FlashInfer 0.6.x has
+    """vLLM pages the SWA cache in 32 tokens; FlashInfer 0.6.x has
     no SM120 decode kernel for that, and the reference refuses it the same way
     (the crash FlashInfer 0.6's fixed pages cause)."""
     case = Case("sm120", [(40, 1), (100, 1)], [], 16, 2, swa_page=32)
