@@ -676,16 +676,20 @@ EDITS: tuple[Edit, ...] = (
     Edit(
         MODEL,
         "_select_dsv4_attn_cls",
-        INSERT_BEFORE,
+        REPLACE,
         """
-        if device_capability is not None and device_capability.major != 10:
+        device_capability.major != 10:
             # Off SM10x the two-segment layer runs, on FlashInfer's SM120
             # kernels or the portable Triton kernel (SM89, SM90).
             return DeepseekV4FlashInferSM120Attention
+        return DeepseekV4FlashInferMLAAttention
         """,
         TRITON,
         "FLASHINFER_MLA_SPARSE_DSV41 off Blackwell runs the two-segment layer",
-        anchor="return DeepseekV4FlashInferMLAAttention",
+        # The FlashInfer branch's test; the default branch has one like it.
+        anchor="device_capability.major == 12:\n"
+        "            return DeepseekV4FlashInferSM120Attention\n"
+        "        return DeepseekV4FlashInferMLAAttention",
     ),
 )
 
