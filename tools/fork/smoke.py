@@ -24,7 +24,9 @@ from pathlib import Path
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as seed_path
 
-modules, pages = sys.argv[1].split(), sys.argv[2] == "pages"
+modules = sys.argv[1].split()
+# Where the base ships the page policy, the layers page through its hooks.
+pages = "vllm.models.deepseek_v41.nvidia.sparse_mla_pages" in modules
 site = Path(vllm.__file__).resolve().parent
 failures = [f"{m.__name__} imported from {m.__file__}"
     for m in [fi, seed_path, *map(importlib.import_module, modules)]
@@ -51,8 +53,6 @@ if modules := sorted(m for m in sys.modules if m.startswith("vllm.plugins.deepse
 for failure in failures: print(f"SMOKE FAIL: {failure}", file=sys.stderr)
 sys.exit(1 if failures else 0)
 """
-# The page policy, whose hooks the checks above look for on the bases it ships.
-PAGE_POLICY = "vllm/models/deepseek_v41/nvidia/sparse_mla_pages.py"
 
 
 def _new_modules(base: str) -> str:
@@ -67,9 +67,8 @@ def main() -> None:
         print(f"SMOKE FAIL: installed vllm is {installed}, not a fork wheel")
         sys.exit(1)
     base = installed.split("+")[0]
-    pages = "pages" if common.on_base(PAGE_POLICY, base) else "no-pages"
     env = {**os.environ, "VLLM_PLUGINS": ""}
-    argv = [sys.executable, "-c", CHECKS, _new_modules(base), pages]
+    argv = [sys.executable, "-c", CHECKS, _new_modules(base)]
     if returncode := subprocess.run(argv, env=env).returncode:
         sys.exit(returncode)
     print(f"smoke ok: vllm {installed}; the fork's classes load with no plugin")

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+from vllm.models.deepseek_v41.nvidia import sparse_mla_launcher
 from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import SparseMLAKernel
+from vllm.utils import flashinfer as flashinfer_utils
 
 
 def test_launcher_runs_the_layers_kernel(monkeypatch):
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_launcher
-    from vllm.utils import flashinfer as flashinfer_utils
 
     ran = []
     monkeypatch.setattr(
@@ -39,8 +39,6 @@ def test_launcher_runs_the_layers_kernel(monkeypatch):
 def test_sm12x_runs_flashinfer_where_it_has_the_decode_shape(
     set_capability, monkeypatch, flashinfer_has_shape, expected
 ):
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_launcher
-    from vllm.utils import flashinfer as flashinfer_utils
 
     asked = []
 
@@ -57,8 +55,6 @@ def test_sm12x_runs_flashinfer_where_it_has_the_decode_shape(
 
 
 def test_hopper_runs_the_triton_kernel(set_capability, monkeypatch):
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_launcher
-    from vllm.utils import flashinfer as flashinfer_utils
 
     # FlashInfer's SM120 kernels cannot run here even if the package has them.
     monkeypatch.setattr(
@@ -69,7 +65,6 @@ def test_hopper_runs_the_triton_kernel(set_capability, monkeypatch):
 
 
 def test_a_gpu_below_sm89_is_refused_with_what_serves(set_capability):
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_launcher
 
     set_capability(8, 0)
     with pytest.raises(ValueError, match=r"SM89 on .*this GPU is SM80\. Choose"):
@@ -83,7 +78,6 @@ def _supports(kv_cache_dtype: str, capability) -> str | None:
 
 
 def test_sm12x_without_flashinfer_sm120_kernels_is_served(set_capability, monkeypatch):
-    from vllm.utils import flashinfer as flashinfer_utils
 
     monkeypatch.setattr(
         flashinfer_utils, "has_flashinfer_sparse_mla_sm120", lambda: False
