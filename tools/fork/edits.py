@@ -40,6 +40,7 @@ ATTENTION = "vllm/models/deepseek_v41/attention.py"
 FLASHINFER = "vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py"
 MODEL = "vllm/models/deepseek_v41/nvidia/model.py"
 INDEXER = "vllm/v1/attention/backends/mla/indexer.py"
+WORKER_UTILS = "vllm/v1/worker/utils.py"
 
 FI_BACKEND = "DeepseekV4FlashInferMLASparseBackend"
 SM120_LAYER = "DeepseekV4FlashInferSM120Attention"
@@ -49,83 +50,127 @@ INDEXER_CACHE = "DeepseekV4IndexerCache"
 EDITS: tuple[Edit, ...] = (
     # ---- bugfix: a --block-size KV binding cannot serve fails at start-up
     Edit(
-        ATTENTION,
+        WORKER_UTILS,
         "",
         INSERT_BEFORE,
         '''
-        def check_kv_cache_block_size(
-            block_size: int, caches: list[tuple[type[AttentionBackend], KVCacheSpec]]
-        ) -> None:
-            """Raise if ``caches``, paged in ``block_size`` tokens, cannot be bound
-            to kernel blocks their backends read.
+        def splits_into_kernel_blocks(spec: AttentionSpec) -> bool:
+            """Whether a packed block of ``spec`` can be viewed as smaller kernel
+            blocks: only caches of several tokens per state can be."""
+            return spec.tokens_per_state > 1
 
-            Packed caches are bound block by block, and a block is split into
-            smaller kernel blocks only where a state holds several tokens. Check
-            while the layers are built, so a bad --block-size fails before the
-            weights load rather than at KV binding or the first metadata build.
-            """
-            from vllm.v1.worker.utils import select_common_block_size
 
-            def kernel_blocks(size: int) -> list[int | None]:
-                blocks: list[int | None] = []
-                for backend, spec in caches:
-                    if spec.block_size == block_size:  # paged by --block-size
-                        spec = spec.copy_with_new_block_size(size)
-                    try:
-                        blocks.append(select_common_block_size(size, [backend], [spec]))
-                    except ValueError:
-                        blocks.append(None)
-                return blocks
-
-            for (backend, spec), kernel in zip(caches, kernel_blocks(block_size), strict=True):
-                if kernel is None or (kernel != block_size and spec.tokens_per_state <= 1):
-                    break
-            else:
+        def kv_cache_binding_error(
+            backend: type[AttentionBackend], spec: AttentionSpec
+        ) -> str | None:
+            """Why packed ``spec.block_size``-token blocks of ``spec`` cannot be bound
+            to kernel blocks ``backend`` reads, or None if they can."""
+            try:
+                kernel_block_size = select_common_block_size(
+                    spec.block_size, [backend], [spec]
+                )
+            except ValueError:
+                sizes = "- or ".join(
+                    str(getattr(size, "base", size))
+                    for size in backend.get_supported_kernel_block_sizes(spec)
+                )
+                return (
+                    f"{spec.block_size}-token blocks are not a multiple of the "
+                    f"{sizes}-token kernel blocks {backend.get_name()} reads"
+                )
+            if kernel_block_size == spec.block_size or splits_into_kernel_blocks(spec):
+                return None
+            return (
+                f"{backend.get_name()} reads {kernel_block_size}-token kernel blocks, "
+                f"which packed {spec.block_size}-token blocks of a cache with one "
+                "token per state cannot be split into"
+            )
+        ''',
+        BUGFIX,
+        "one rule says whether a cache's packed blocks bind to a backend",
+        anchor="def customize_attention_spec(",
+        bases=DEFAULT,
+    ),
+    Edit(
+        WORKER_UTILS,
+        "AttentionGroup.map_kv_cache_to_kernel_blocks",
+        REPLACE,
+        "not splits_into_kernel_blocks(spec)",
+        BUGFIX,
+        "binding asks that rule",
+        anchor="spec.tokens_per_state <= 1",
+        bases=DEFAULT,
+    ),
+    Edit(
+        ATTENTION,
+        "",
+        INSERT_AFTER,
+        """
+        from vllm.v1.worker.utils import kv_cache_binding_error
+        """,
+        BUGFIX,
+        "the layers ask binding's rule",
+        anchor="from vllm.v1.kv_cache_interface import (",
+        bases=DEFAULT,
+    ),
+    Edit(
+        ATTENTION,
+        "DeepseekV4Attention.__init__",
+        INSERT_BEFORE,
+        """
+        # A --block-size that KV binding cannot serve fails now, not after the
+        # weights load.
+        self._check_kv_cache_block_size(vllm_config)
+        """,
+        BUGFIX,
+        "each layer checks --block-size while it is built",
+        anchor="swa_bounded_replay = cache_config.swa_bounded_replay",
+        bases=DEFAULT,
+    ),
+    Edit(
+        ATTENTION,
+        "DeepseekV4Attention",
+        ADD_TO_CLASS,
+        '''
+        def _check_kv_cache_block_size(self, vllm_config: VllmConfig) -> None:
+            """Raise if KV binding cannot serve the caches this kv-source layer
+            pages with the user's --block-size."""
+            cache_config = vllm_config.cache_config
+            if not (self.is_kv_source and cache_config.user_specified_block_size):
                 return
-            # Sizes every cache reads whole serve every layer, whatever its ratio.
-            offered = {
-                size if isinstance(size, int) else size.base
-                for backend, spec in caches
-                for size in backend.get_supported_kernel_block_sizes(spec)
+            caches = [(self.backend_cls, self.get_kv_cache_spec(vllm_config))]
+            if self.indexer is not None:
+                k_cache = self.indexer.k_cache
+                spec = k_cache.get_kv_cache_spec(vllm_config)
+                caches.append((k_cache.get_attn_backend(), spec))
+            errors = [e for b, s in caches if (e := kv_cache_binding_error(b, s))]
+            if not errors:
+                return
+            sizes = {
+                getattr(size, "base", size)
+                for b, s in caches
+                for size in b.get_supported_kernel_block_sizes(s)
             }
-            working = [s for s in sorted(offered) if set(kernel_blocks(s)) == {s}]
+            working = [
+                str(size)
+                for size in sorted(sizes)
+                if not any(
+                    kv_cache_binding_error(b, s.copy_with_new_block_size(size))
+                    for b, s in caches
+                )
+            ]
             raise ValueError(
-                f"--block-size {block_size} cannot page DeepSeek V4.1's KV caches: "
-                f"{backend.get_name()} reads kernel blocks of "
-                f"{backend.get_supported_kernel_block_sizes(spec)} tokens, and KV "
-                f"binding cannot split {block_size}-token blocks of a cache with "
-                f"{spec.tokens_per_state} token(s) per state into them. "
+                f"--block-size {cache_config.block_size} cannot serve DeepSeek V4.1: "
+                f"{errors[0]}. "
                 + (
-                    f"Use --block-size {' or '.join(map(str, working))}, or leave it unset."
+                    f"Use --block-size {' or '.join(working)}, or leave it unset."
                     if working
                     else "Choose another --attention-backend."
                 )
             )
         ''',
         BUGFIX,
-        "a check that vLLM can bind a layer's caches at --block-size",
-        anchor="class DeepseekV4Attention(",
-        bases=DEFAULT,
-    ),
-    Edit(
-        ATTENTION,
-        "DeepseekV4Attention.__init__",
-        INSERT_AFTER,
-        """
-        # Refuse a --block-size that KV binding cannot serve now, before the
-        # weights load. Only kv sources own caches paged by --block-size.
-        spec = self.get_kv_cache_spec(vllm_config)
-        if cache_config.user_specified_block_size and spec is not None:
-            caches = [(self.backend_cls, spec)]
-            if self.indexer is not None:
-                k_cache = self.indexer.k_cache
-                spec = k_cache.get_kv_cache_spec(vllm_config)
-                caches.append((k_cache.get_attn_backend(), spec))
-            check_kv_cache_block_size(cache_config.block_size, caches)
-        """,
-        BUGFIX,
-        "each kv-source layer checks its caches against --block-size",
-        anchor="bounded_replay=swa_bounded_replay,",
+        "the check: binding's rule for the layer's caches, and what serves",
         bases=DEFAULT,
     ),
     # ---- pages: the hooks, the policy's answers, the caches built from them

@@ -1,276 +1,300 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""--block-size against vLLM's own KV binding, for DeepSeek V4.1 Flash's
-published layout on every GPU family and every attention class start-up can
-build there: a value the layers accept binds; a value they refuse fails in
-vLLM's grouping, kernel-block selection or map to kernel blocks.
+"""--block-size against vLLM's own KV binding for DeepSeek V4.1 Flash: its
+layers, built as the model builds them, refuse exactly the values that
+binding cannot serve.
 
-The GPU is mocked at the platform boundary and the caches are allocated on
-the meta device, so binding runs its real shape and stride checks.
+The GPU is mocked at the platform boundary and the layers and caches live on
+the meta device, so vLLM's spec, layout, planning, attention-group, metadata
+builder, allocation and binding code runs as it does on the GPU.
 """
 
 import json
-import math
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
 
-from vllm.config import CacheConfig, DeviceConfig, VllmConfig, set_current_vllm_config
-from vllm.models.deepseek_v41 import attention
-from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
-
-pytestmark = pytest.mark.default_base_only
-
-LAYOUT = SimpleNamespace(
-    **json.loads(
-        (Path(__file__).parent / "configs" / "dsv41_flash_layout.json").read_text()
-    ),
-    o_groups=16,
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    VllmConfig,
+    get_layers_from_vllm_config,
+    set_current_vllm_config,
 )
-CAPABILITIES = [(9, 0), (10, 0), (12, 0), (12, 1)]
-BACKENDS = [
-    None,  # what start-up picks without --attention-backend
-    "FLASHMLA_SPARSE_DSV41",
-    "FLASHMLA_MEGA_ATTN_DSV41",
-    "FLASHINFER_MLA_SPARSE_DSV41",
+from vllm.distributed import (
+    cleanup_dist_env_and_memory,
+    init_distributed_environment,
+    initialize_model_parallel,
+)
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.platforms import current_platform
+from vllm.platforms.interface import DeviceCapability
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from vllm.v1.attention.backends.utils import (
+    get_supported_kv_cache_layouts,
+    resolve_kv_cache_layout,
+)
+from vllm.v1.core.kv_cache_planning import (
+    get_global_kv_cache_groups,
+    get_kv_cache_configs,
+)
+from vllm.v1.worker.gpu.attn_utils import (
+    get_kv_cache_spec,
+    init_attn_backend,
+    init_kv_cache,
+)
+
+pytestmark = pytest.mark.cpu_test
+
+# The attention topology of DeepSeek V4.1 Flash's published checkpoint
+# (config.json, text_config): 40 layers, kv sources 2/8/14 (ratio 2) and 20
+# (ratio 1).
+LAYOUT = json.loads(
+    (Path(__file__).parent / "configs" / "dsv41_flash_layout.json").read_text()
+)
+# Projection sizes no KV cache depends on (the layers are built on the meta
+# device) and the RoPE the layers build.
+PROJECTIONS = dict(
+    hidden_size=512,
+    q_lora_rank=128,
+    o_lora_rank=128,
+    o_groups=8,
+    index_n_heads=64,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    compress_rope_theta=160000.0,
+    max_position_embeddings=4096,
+    rope_parameters={
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 1024,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+)
+ROCM = "rocm"
+# Each GPU with each attention class start-up builds there: its default (None)
+# and each --attention-backend whose kernels run on it. FlashMLA's mega
+# attention layer is left out: it is built only over FP8 weights, whose
+# kernels are chosen for a real GPU.
+GPU_BACKENDS = [
+    pytest.param((9, 0), None, id="sm90"),
+    pytest.param((10, 0), None, id="sm100"),
+    pytest.param((10, 0), "FLASHINFER_MLA_SPARSE_DSV41", id="sm100-flashinfer"),
+    pytest.param((12, 0), None, id="sm120"),
+    pytest.param((12, 1), None, id="sm121"),
+    pytest.param(ROCM, None, id="rocm"),
 ]
-BLOCK_SIZES = [None, 16, 32, 64, 128, 256]
-# DeepseekV4Attention.__init__ builds its sliding-window cache in 32-token
-# pages, whatever --block-size is.
-SWA_BLOCK_SIZE = 32
+BLOCK_SIZES = [None, 16, 32, 64, 96, 128, 256]
 
 
-def layer_class(backend: str | None, tp: int) -> type:
-    """The attention class vLLM's model builds for ``backend``."""
-    from vllm.models.deepseek_v41.nvidia.model import _select_dsv4_attn_cls
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    config = SimpleNamespace(
-        attention_config=SimpleNamespace(
-            backend=AttentionBackendEnum[backend] if backend else None
-        ),
-        parallel_config=SimpleNamespace(
-            prefill_context_parallel_size=1, tensor_parallel_size=tp
-        ),
-        model_config=SimpleNamespace(hf_config=LAYOUT),
-        lora_config=None,
-    )
-    return _select_dsv4_attn_cls(config)
-
-
-def layer_classes(capability, tp: int) -> list[type]:
-    """Each class start-up can build on this GPU, once."""
-    classes = []
-    for backend in BACKENDS:
-        try:
-            cls = layer_class(backend, tp)
-        except ValueError:
-            continue
-        supported = cls.backend_cls.supports_compute_capability(capability)
-        if supported and cls not in classes:
-            classes.append(cls)
-    return classes
-
-
-def engine_config(layer_cls: type, block_size: int | None) -> VllmConfig:
-    """The engine's config for ``--block-size`` (None: unset, so vLLM's
-    platform picks one for the layers' backends)."""
-    from vllm.platforms import current_platform
-    from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
-
-    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
-    config.cache_config = CacheConfig(block_size=block_size, cache_dtype="auto")
-    if block_size is None:
-        backends = [layer_cls.backend_cls, layer_cls.swa_backend_cls]
-        config.cache_config.block_size = type(
-            current_platform
-        )._preferred_block_size_for_backends(
-            [*backends, DeepseekV41IndexerBackend],
-            CacheConfig.DEFAULT_BLOCK_SIZE,
-            config,
+@pytest.fixture(scope="module", autouse=True)
+def single_rank():
+    """One gloo rank: the layers ask the tensor-parallel group its size."""
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig("cpu"))):
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            distributed_init_method=f"file://{tempfile.mktemp()}",
+            local_rank=0,
+            backend="gloo",
         )
+        initialize_model_parallel(1, 1)
+    yield
+    cleanup_dist_env_and_memory()
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """Make vLLM's platform report ``gpu``, a compute capability or ROCm."""
+    platform = type(current_platform)
+
+    def set_to(gpu) -> None:
+        major, minor = (9, 4) if gpu == ROCM else gpu
+        capability = DeviceCapability(major, minor)
+        monkeypatch.setattr(
+            platform,
+            "get_device_capability",
+            classmethod(lambda cls, device_id=0: capability),
+        )
+        monkeypatch.setattr(platform, "num_compute_units", lambda self, device_id=0: 132)
+        monkeypatch.setattr(platform, "is_rocm", lambda self: gpu == ROCM)
+
+    return set_to
+
+
+def layer_class(gpu, backend: str | None) -> type:
+    """The attention class vLLM's model builds on ``gpu`` for ``backend``."""
+    if gpu == ROCM:
+        # Importing ROCm's module reads the GPU's architecture name.
+        properties = SimpleNamespace(gcnArchName="gfx942", name="AMD Instinct MI300X")
+        with mock.patch("torch.cuda.get_device_properties", lambda *a: properties):
+            from vllm.models.deepseek_v41.amd.rocm import (
+                DeepseekV41ROCMAiterMLAAttention,
+            )
+        return DeepseekV41ROCMAiterMLAAttention
+    from vllm.models.deepseek_v41.nvidia.model import _select_dsv4_attn_cls
+
+    return _select_dsv4_attn_cls(
+        SimpleNamespace(
+            attention_config=SimpleNamespace(
+                backend=AttentionBackendEnum[backend] if backend else None
+            ),
+            parallel_config=SimpleNamespace(prefill_context_parallel_size=1),
+            lora_config=None,
+        )
+    )
+
+
+def build_model(gpu, backend: str | None, block_size: int | None) -> VllmConfig:
+    """Build every decoder layer's attention as the model does, for
+    ``--block-size block_size`` (None: unset), and return the engine config
+    they registered in. Raises what the layers raise."""
+    hf_config = SimpleNamespace(**LAYOUT, **PROJECTIONS)
+    config = VllmConfig(device_config=DeviceConfig("cpu"))
+    config.cache_config = CacheConfig(block_size=block_size)
+    config.attention_config.sparse_mla_prefill_workspace_factor = 5
     config.scheduler_config.disable_hybrid_kv_cache_manager = False
-    # DeepSeek V4.1 declares no grouping of its own: vLLM's default runs.
     object.__setattr__(
         config,
         "model_config",
         SimpleNamespace(
-            original_max_model_len=8192,
+            hf_config=hf_config,
+            hf_text_config=hf_config,
+            dtype=torch.bfloat16,
             max_model_len=8192,
+            original_max_model_len=8192,
+            is_hybrid=False,
             supports_kv_cache_grouping=False,
         ),
     )
+    layer_cls = layer_class(gpu, backend)
+    with set_current_vllm_config(config), torch.device("meta"):
+        for layer in range(hf_config.num_hidden_layers):
+            layer_cls(config, prefix=f"model.layers.{layer}.self_attn")
+    # After the model loads, vLLM picks the block size the user left unset.
+    current_platform.update_block_size_for_backend(config)
     return config
 
 
-def build_caches(layer_cls: type, config: VllmConfig) -> dict[str, tuple]:
-    """Per layer name, (backend, spec) of each cache the layers register, built
-    by the layers' own spec code with what their ``__init__`` sets."""
-    cache_config = config.cache_config
-    kv_dtype, torch_dtype = attention._resolve_dsv4_kv_cache_dtype(
-        layer_cls.use_fp8_ds_mla_layout,
-        cache_config.cache_dtype,
-        cache_config,
-        layer_cls.packed_kv_cache_dtype.fget(None),
-    )
-    mxfp8 = attention._use_v41_mxfp8_kv_record()
-    record = 528 if mxfp8 else 584
-    compressed_record = 288 if kv_dtype == "nvfp4_ds_mla" else record
-    alignment = 512 if mxfp8 else 576
-    caches: dict[str, tuple] = {}
+def bind(config: VllmConfig) -> None:
+    """vLLM's path from the built layers to their bound KV caches; raises
+    where vLLM raises."""
     with set_current_vllm_config(config):
-        for layer, ratio in enumerate(LAYOUT.compress_ratios):
-            prefix = f"model.layers.{layer}.attn"
-            swa = DeepseekV4SWACache(
-                head_dim=LAYOUT.head_dim,
-                window_size=LAYOUT.sliding_window,
-                dtype=torch_dtype,
-                prefix=f"{prefix}.swa_cache",
-                cache_config=cache_config,
-                backend_cls=layer_cls.swa_backend_cls,
-                block_size=SWA_BLOCK_SIZE,
-                packed_bytes_per_token=record,
-                packed_page_alignment=alignment,
-                packed_block_stride_alignment=(
-                    math.lcm(record, compressed_record) if mxfp8 else None
-                ),
-            )
-            caches[swa.prefix] = (swa.get_attn_backend(), swa.get_kv_cache_spec(config))
-            if layer not in LAYOUT.kv_source_layer_ids or ratio == 0:
-                continue
-            stand_in = SimpleNamespace(
-                is_kv_source=True,
-                backend_cls=layer_cls.backend_cls,
-                compress_ratio=ratio,
-                head_dim=LAYOUT.head_dim,
-                kv_cache_dtype=kv_dtype,
-                kv_cache_torch_dtype=torch_dtype,
-                kv_page_alignment=alignment,
-                compressed_bytes_per_token=compressed_record,
-            )
-            spec = attention.DeepseekV4Attention.get_kv_cache_spec(stand_in, config)
-            caches[prefix] = (layer_cls.backend_cls, spec)
-            if layer in LAYOUT.index_source_layer_ids:
-                k_cache = attention.DeepseekV4IndexerCache(
-                    head_dim=attention._indexer_k_cache_head_dim(
-                        LAYOUT.index_head_dim, False
-                    ),
-                    dtype=torch.uint8,
-                    prefix=f"{prefix}.indexer.k_cache",
-                    cache_config=cache_config,
-                    compress_ratio=ratio,
-                )
-                caches[k_cache.prefix] = (
-                    k_cache.get_attn_backend(),
-                    k_cache.get_kv_cache_spec(config),
-                )
-    return caches
+        specs = get_kv_cache_spec(config)
+        layers = get_layers_from_vllm_config(config, AttentionLayerBase)
+        backends = {layer.get_attn_backend() for layer in layers.values()}
+        resolve_kv_cache_layout(
+            config,
+            [[layout.name for layout in get_supported_kv_cache_layouts(backends)]],
+            specs.values(),
+        )
+        groups = get_global_kv_cache_groups(config, [specs])
+        (kv_cache_config,) = get_kv_cache_configs(config, [specs], [4 << 30], groups)
+        attn_groups, _, kernel_block_sizes = init_attn_backend(
+            kv_cache_config, config, torch.device("cpu")
+        )
+        init_kv_cache(
+            config.compilation_config.static_forward_context,
+            kv_cache_config,
+            torch.device("meta"),
+            kernel_block_sizes,
+            config,
+            attn_groups=[group for groups in attn_groups for group in groups],
+        )
 
 
-def start_up_refusal(caches: dict[str, tuple], config: VllmConfig) -> str | None:
-    """What the kv-source layers raise as the model is built (None: builds)."""
-    cache_config = config.cache_config
-    if not cache_config.user_specified_block_size:
-        return None
+def refusal(gpu, backend: str | None, block_size: int | None) -> str | None:
+    """What building the model raises (None: it builds)."""
     try:
-        for name, (backend, spec) in caches.items():
-            if name.count(".") == 3:  # a kv-source layer's compressed KV
-                own = [(backend, spec)]
-                if (k_cache := caches.get(f"{name}.indexer.k_cache")) is not None:
-                    own.append(k_cache)
-                attention.check_kv_cache_block_size(cache_config.block_size, own)
+        build_model(gpu, backend, block_size)
     except ValueError as e:
         return str(e)
     return None
 
 
-def bind(caches: dict[str, tuple], config: VllmConfig) -> None:
-    """vLLM's KV-cache path from the specs to the kernel-block views the layers
-    bind; raises where vLLM raises."""
-    from vllm.v1.attention.backends.utils import (
-        get_supported_kv_cache_layouts,
-        resolve_kv_cache_layout,
-    )
-    from vllm.v1.core import kv_cache_planning as planning
-    from vllm.v1.worker import utils as worker
-
-    specs = {name: spec for name, (_, spec) in caches.items()}
-    backends = {backend for backend, _ in caches.values()}
-    layout = resolve_kv_cache_layout(
-        config,
-        [[m.name for m in get_supported_kv_cache_layouts(backends)]],
-        list(specs.values()),
-    )
-    groups = planning.get_global_kv_cache_groups(config, [specs])
-    (kv_config,) = planning.get_kv_cache_configs(config, [specs], [4 << 30], groups)
-    # Attention groups as the GPU worker forms them (init_attn_backend): by
-    # backend, per-layer spec and query-head count (0 for these layers).
-    attn_groups = []
-    for gid, group in enumerate(kv_config.kv_cache_groups):
-        by_key: dict[tuple, worker.AttentionGroup] = {}
-        for name in group.layer_names:
-            backend, spec = caches[name]
-            key = (backend.full_cls_name(), spec, 0)
-            if key in by_key:
-                by_key[key].layer_names.append(name)
-            else:
-                by_key[key] = worker.AttentionGroup(backend, [name], spec, gid)
-        attn_groups.append(list(by_key.values()))
-    kernel_block_sizes = worker.prepare_kernel_block_sizes(kv_config, attn_groups)
-    for gid, group_list in enumerate(attn_groups):
-        for group in group_list:
-            # What AttentionGroup.create_metadata_builders selects first.
-            kernel = worker.select_common_block_size(
-                kernel_block_sizes[gid], [group.backend], [group.kv_cache_spec]
-            )
-            if kernel != group.kv_cache_spec.block_size:
-                group.kernel_block_size = kernel
-    tensors = worker.allocate_kv_cache(
-        kv_config, torch.device("meta"), layout, kernel_block_sizes
-    )
-    flat = [g for group_list in attn_groups for g in group_list]
-    worker.map_kv_caches_to_kernel_blocks(tensors, flat)
-
-
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
-@pytest.mark.parametrize("tp", [1, 2, 4, 8])
-@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
-def test_start_up_refuses_exactly_what_binding_cannot_serve(
-    set_capability, capability, tp, block_size
+@pytest.mark.parametrize("gpu,backend", GPU_BACKENDS)
+def test_layers_refuse_what_binding_cannot_serve(on_gpu, gpu, backend, block_size):
+    on_gpu(gpu)
+    message = refusal(gpu, backend, block_size)
+    if message is None:
+        bind(build_model(gpu, backend, block_size))
+        return
+    # The same caches, had vLLM rather than the user picked this size: the
+    # layers do not check it, and binding fails.
+    config = build_model(gpu, backend, None)
+    config.cache_config.block_size = block_size
+    with pytest.raises(ValueError):
+        bind(config)
+
+
+@pytest.mark.parametrize(
+    "gpu,backend,block_size,expected,serves",
+    [
+        pytest.param(
+            (10, 0),
+            None,
+            64,
+            "--block-size 64 cannot serve DeepSeek V4.1: 64-token blocks are not a "
+            "multiple of the 128-token kernel blocks FLASHMLA_SPARSE_DSV41 reads. "
+            "Use --block-size 128, or leave it unset.",
+            [128],
+            id="below",
+        ),
+        pytest.param(
+            (9, 0),
+            None,
+            96,
+            "--block-size 96 cannot serve DeepSeek V4.1: 96-token blocks are not a "
+            "multiple of the 64-token kernel blocks FLASHMLA_SPARSE_DSV41 reads. "
+            "Use --block-size 64, or leave it unset.",
+            [64],
+            id="between",
+        ),
+        pytest.param(
+            (10, 0),
+            "FLASHINFER_MLA_SPARSE_DSV41",
+            256,
+            "--block-size 256 cannot serve DeepSeek V4.1: FLASHINFER_MLA_SPARSE_DSV41 "
+            "reads 128-token kernel blocks, which packed 256-token blocks of a cache "
+            "with one token per state cannot be split into. Use --block-size 128, "
+            "or leave it unset.",
+            [128],
+            id="above",
+        ),
+        pytest.param(
+            ROCM,
+            None,
+            256,
+            "--block-size 256 cannot serve DeepSeek V4.1: ROCM_FLASHMLA_SPARSE_DSV41 "
+            "reads 128-token kernel blocks, which packed 256-token blocks of a cache "
+            "with one token per state cannot be split into. Use --block-size 64, "
+            "or leave it unset.",
+            [64],
+            id="rocm-above",
+        ),
+        pytest.param(
+            (12, 0),
+            "FLASHMLA_SPARSE_DSV41",
+            128,
+            "--block-size 128 cannot serve DeepSeek V4.1: DEEPSEEK_V41_INDEXER reads "
+            "64-token kernel blocks, which packed 128-token blocks of a cache with "
+            "one token per state cannot be split into. Choose another "
+            "--attention-backend.",
+            [],
+            id="no-size-serves",
+        ),
+    ],
+)
+def test_message_names_the_cause_and_what_serves(
+    on_gpu, gpu, backend, block_size, expected, serves
 ):
-    capability = set_capability(*capability)
-    for layer_cls in layer_classes(capability, tp):
-        config = engine_config(layer_cls, block_size)
-        caches = build_caches(layer_cls, config)
-        refusal = start_up_refusal(caches, config)
-        try:
-            bind(caches, config)
-            failure = None
-        except ValueError as e:
-            failure = str(e)
-        where = f"{layer_cls.__name__} --block-size {block_size}"
-        if refusal is None:
-            assert failure is None, f"{where}: accepted, then binding fails: {failure}"
-            continue
-        assert failure is not None, f"{where}: refused what binds: {refusal}"
-        assert "\n" not in refusal
-        # Every --block-size the message names binds.
-        named = refusal.split("Use --block-size ")[1].split(",")[0].split(" or ")
-        for working in map(int, named):
-            config = engine_config(layer_cls, working)
-            bind(build_caches(layer_cls, config), config)
-
-
-def test_flashinfer_on_sm100_refuses_256(set_capability):
-    """The ratio-1 compressed cache needs 128-token kernel blocks, and vLLM
-    never splits a block of one token per state."""
-    set_capability(10, 0)
-    layer_cls = layer_class("FLASHINFER_MLA_SPARSE_DSV41", 1)
-    config = engine_config(layer_cls, 256)
-    caches = build_caches(layer_cls, config)
-    refusal = start_up_refusal(caches, config)
-    assert refusal is not None and "Use --block-size 128," in refusal
-    with pytest.raises(ValueError, match="cannot be split into"):
-        bind(caches, config)
+    on_gpu(gpu)
+    assert refusal(gpu, backend, block_size) == expected
+    for size in serves:
+        bind(build_model(gpu, backend, size))
