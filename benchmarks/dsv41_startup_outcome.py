@@ -7,7 +7,8 @@
 Writes ``OUT.log`` (every output line prefixed with the seconds since launch)
 and ``OUT.json``: the exit status, the elapsed seconds, when the weights were
 loaded (vLLM's "Model loading took" line), and the outcome with the line that
-decided it: ``refused at start-up`` (the DeepSeek V4.1 check, before weights),
+decided it: ``refused at start-up`` (the DeepSeek V4.1 layers' --block-size check,
+before weights),
 ``failed at binding`` (a KV cache that cannot be split into kernel blocks),
 ``no common block size``, ``other failure`` or ``ran``.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 
 # Checked in order: the first pattern any line matches decides the outcome.
 OUTCOMES = (
-    ("refused at start-up", re.compile(r"UnsupportedSparseMLAConfig: ")),
+    ("refused at start-up", re.compile(r"--block-size \d+ cannot serve DeepSeek V4\.1")),
     ("failed at binding", re.compile(r"cannot be split into")),
     ("no common block size", re.compile(r"No common block size")),
 )

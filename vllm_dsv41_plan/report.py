@@ -363,19 +363,34 @@ def check_block_size(
     layer_cls: type, specs: "dict[str, KVCacheSpec]", block_size: int | None
 ) -> None:
     """What each kv-source layer checks of a --block-size the user set, where
-    this vLLM's layers check it (``check_kv_cache_block_size``)."""
-    from vllm.models.deepseek_v41 import attention
+    this vLLM's layers check it: their own method, over the report's specs."""
     from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 
-    check = getattr(attention, "check_kv_cache_block_size", None)
+    check = getattr(layer_cls, "_check_kv_cache_block_size", None)
     if check is None or block_size is None:
         return
+    config = SimpleNamespace(
+        cache_config=SimpleNamespace(
+            block_size=block_size, user_specified_block_size=True
+        )
+    )
     for name, spec in specs.items():
-        if name.endswith(".attn"):
-            caches = [(layer_cls.backend_cls, spec)]
-            if (k_cache := specs.get(f"{name}.indexer.k_cache")) is not None:
-                caches.append((DeepseekV41IndexerBackend, k_cache))
-            check(block_size, caches)
+        if not name.endswith(".attn"):
+            continue
+        k_cache = specs.get(f"{name}.indexer.k_cache")
+        indexer = k_cache and SimpleNamespace(
+            k_cache=SimpleNamespace(
+                get_attn_backend=lambda: DeepseekV41IndexerBackend,
+                get_kv_cache_spec=lambda _, spec=k_cache: spec,
+            )
+        )
+        # The layer's fields its check reads, from the report's specs.
+        layer = SimpleNamespace(
+            backend_cls=layer_cls.backend_cls,
+            indexer=indexer,
+            get_kv_cache_spec=lambda _, spec=spec: spec,
+        )
+        check(layer, config)
 
 
 def check_model_shape(hf_config: Any, tensor_parallel_size: int) -> int:

@@ -50,8 +50,15 @@ def test_a_failure_after_the_weights_is_dated_after_them(tmp_path):
     "program, outcome, code",
     [
         (
-            "import sys; print('UnsupportedSparseMLAConfig: x'); sys.exit(1)",
+            "import sys; print('ValueError: --block-size 128 cannot serve DeepSeek "
+            "V4.1: x'); sys.exit(1)",
             "refused at start-up",
+            1,
+        ),
+        # The earlier page policy's refusal is no longer the layers' message.
+        (
+            "import sys; print('UnsupportedSparseMLAConfig: x'); sys.exit(1)",
+            "other failure",
             1,
         ),
         ("print('No common block size for 16')", "no common block size", 0),

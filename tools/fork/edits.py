@@ -54,14 +54,14 @@ EDITS: tuple[Edit, ...] = (
         "",
         INSERT_BEFORE,
         '''
-        def splits_into_kernel_blocks(spec: AttentionSpec) -> bool:
+        def splits_into_kernel_blocks(spec: KVCacheSpec) -> bool:
             """Whether a packed block of ``spec`` can be viewed as smaller kernel
             blocks: only caches of several tokens per state can be."""
             return spec.tokens_per_state > 1
 
 
         def kv_cache_binding_error(
-            backend: type[AttentionBackend], spec: AttentionSpec
+            backend: type[AttentionBackend], spec: KVCacheSpec
         ) -> str | None:
             """Why packed ``spec.block_size``-token blocks of ``spec`` cannot be bound
             to kernel blocks ``backend`` reads, or None if they can."""
@@ -71,7 +71,7 @@ EDITS: tuple[Edit, ...] = (
                 )
             except ValueError:
                 sizes = "- or ".join(
-                    str(getattr(size, "base", size))
+                    str(size.base if isinstance(size, MultipleOf) else size)
                     for size in backend.get_supported_kernel_block_sizes(spec)
                 )
                 return (
@@ -115,6 +115,17 @@ EDITS: tuple[Edit, ...] = (
     ),
     Edit(
         ATTENTION,
+        "",
+        REPLACE,
+        "from vllm.v1.attention.backend import AttentionBackend, AttentionMetadata, "
+        "MultipleOf",
+        BUGFIX,
+        "the check names the sizes kernels read",
+        anchor="from vllm.v1.attention.backend import AttentionBackend, AttentionMetadata",
+        bases=DEFAULT,
+    ),
+    Edit(
+        ATTENTION,
         "DeepseekV4Attention.__init__",
         INSERT_BEFORE,
         """
@@ -136,9 +147,11 @@ EDITS: tuple[Edit, ...] = (
             """Raise if KV binding cannot serve the caches this kv-source layer
             pages with the user's --block-size."""
             cache_config = vllm_config.cache_config
-            if not (self.is_kv_source and cache_config.user_specified_block_size):
+            if not cache_config.user_specified_block_size or not (
+                spec := self.get_kv_cache_spec(vllm_config)
+            ):
                 return
-            caches = [(self.backend_cls, self.get_kv_cache_spec(vllm_config))]
+            caches = [(self.backend_cls, spec)]
             if self.indexer is not None:
                 k_cache = self.indexer.k_cache
                 spec = k_cache.get_kv_cache_spec(vllm_config)
@@ -147,7 +160,7 @@ EDITS: tuple[Edit, ...] = (
             if not errors:
                 return
             sizes = {
-                getattr(size, "base", size)
+                size.base if isinstance(size, MultipleOf) else size
                 for b, s in caches
                 for size in b.get_supported_kernel_block_sizes(s)
             }

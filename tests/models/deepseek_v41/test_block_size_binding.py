@@ -121,7 +121,9 @@ def on_gpu(monkeypatch):
             "get_device_capability",
             classmethod(lambda cls, device_id=0: capability),
         )
-        monkeypatch.setattr(platform, "num_compute_units", lambda self, device_id=0: 132)
+        monkeypatch.setattr(
+            platform, "num_compute_units", lambda self, device_id=0: 132
+        )
         monkeypatch.setattr(platform, "is_rocm", lambda self: gpu == ROCM)
 
     return set_to
