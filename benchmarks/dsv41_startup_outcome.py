@@ -23,7 +23,10 @@ from pathlib import Path
 
 # Checked in order: the first pattern any line matches decides the outcome.
 OUTCOMES = (
-    ("refused at start-up", re.compile(r"--block-size \d+ cannot serve DeepSeek V4\.1")),
+    (
+        "refused at start-up",
+        re.compile(r"--block-size \d+ cannot serve DeepSeek V4\.1"),
+    ),
     ("failed at binding", re.compile(r"cannot be split into")),
     ("no common block size", re.compile(r"No common block size")),
 )

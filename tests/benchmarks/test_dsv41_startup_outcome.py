@@ -46,12 +46,18 @@ def test_a_failure_after_the_weights_is_dated_after_them(tmp_path):
     assert len(log) == 2 and log[1].lstrip("[ ").split("]")[0] == str(record["at_s"])
 
 
+REFUSED = (
+    "import sys\n"
+    "print('ValueError: --block-size 128 cannot serve DeepSeek V4.1: x')\n"
+    "sys.exit(1)\n"
+)
+
+
 @pytest.mark.parametrize(
     "program, outcome, code",
     [
         (
-            "import sys; print('ValueError: --block-size 128 cannot serve DeepSeek "
-            "V4.1: x'); sys.exit(1)",
+            REFUSED,
             "refused at start-up",
             1,
         ),

@@ -22,7 +22,10 @@ def test_the_pull_request_text_is_short():
 
 @pytest.mark.default_base_only
 def test_the_evidence_table_is_what_the_binding_test_finds(on_gpu):  # noqa: F811
-    rows = ["| GPU | attention class | --block-size that serves |", "| --- | --- | --- |"]
+    rows = [
+        "| GPU | attention class | --block-size that serves |",
+        "| --- | --- | --- |",
+    ]
     for case in binding.GPU_BACKENDS:
         gpu, backend = case.values
         on_gpu(gpu)

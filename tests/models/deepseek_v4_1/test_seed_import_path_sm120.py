@@ -3,8 +3,8 @@
 """Where vLLM ships the seed's SM12x sliding-window backend, the seed's
 import path names it, with its 64-token pages."""
 
-from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.models.deepseek_v4_1.nvidia import flashinfer_sparse as seed_path
+from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
 from vllm.platforms import current_platform
 from vllm.platforms.interface import DeviceCapability
 
