@@ -56,7 +56,9 @@ def _step_logprobs(step: dict) -> list[list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--backend", required=True)
+    parser.add_argument(
+        "--backend", help="--attention-backend (default: vLLM's choice for the GPU)"
+    )
     parser.add_argument(
         "--force-sm12x-pages",
         action="store_true",

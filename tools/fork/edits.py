@@ -66,9 +66,7 @@ EDITS: tuple[Edit, ...] = (
             """Why packed ``spec.block_size``-token blocks of ``spec`` cannot be bound
             to kernel blocks ``backend`` reads, or None if they can."""
             try:
-                kernel_block_size = select_common_block_size(
-                    spec.block_size, [backend], [spec]
-                )
+                kernel_block_size = select_common_block_size(spec.block_size, [backend], [spec])
             except ValueError:
                 sizes = "- or ".join(
                     str(size.base if isinstance(size, MultipleOf) else size)
