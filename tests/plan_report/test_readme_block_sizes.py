@@ -46,7 +46,7 @@ def test_a_row_is_what_the_report_says(backend, gpu, cell):
             for size in binding.BLOCK_SIZES[1:]
             if report.make_plan(
                 capability,
-                binding.LAYOUT,
+                binding.HF_CONFIG,
                 tensor_parallel_size=tp,
                 block_size=size,
                 attention_backend=backend,
@@ -54,5 +54,5 @@ def test_a_row_is_what_the_report_says(backend, gpu, cell):
             is None
         ]
         assert served == sizes, (backend, gpu, tp)
-    layer_cls = report.layer_class(capability, backend, binding.LAYOUT)
+    layer_cls = report.layer_class(capability, backend, binding.HF_CONFIG)
     assert report.default_block_size(layer_cls, capability) == default

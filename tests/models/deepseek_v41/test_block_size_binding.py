@@ -76,6 +76,7 @@ PROJECTIONS = dict(
         "beta_slow": 1,
     },
 )
+HF_CONFIG = SimpleNamespace(**LAYOUT, **PROJECTIONS)
 ROCM = "rocm"
 # Each GPU with each attention class start-up builds there: its default (None)
 # and each --attention-backend whose kernels run on it. FlashMLA's mega
@@ -156,7 +157,7 @@ def build_model(gpu, backend: str | None, block_size: int | None) -> VllmConfig:
     """Build every decoder layer's attention as the model does, for
     ``--block-size block_size`` (None: unset), and return the engine config
     they registered in. Raises what the layers raise."""
-    hf_config = SimpleNamespace(**LAYOUT, **PROJECTIONS)
+    hf_config = HF_CONFIG
     config = VllmConfig(device_config=DeviceConfig("cpu"))
     config.cache_config = CacheConfig(block_size=block_size)
     config.attention_config.sparse_mla_prefill_workspace_factor = 5
