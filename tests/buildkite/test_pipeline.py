@@ -35,6 +35,8 @@ import torch
 import yaml
 from _pytest.mark.expression import Expression
 
+from tools.fork.common import on_base
+
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = REPO / ".buildkite" / "pipeline.yml"
 TEST_AREA = REPO / ".buildkite" / "test_areas" / "deepseek_v4_1_blackwell.yaml"
@@ -354,13 +356,13 @@ def _upstream_vllm_root() -> Path:
 
 
 def test_test_area_dependencies_exist(test_area) -> None:
-    """Every dependency is a path of the fork or of the pinned upstream tree
-    (the pull request moves the fork's files into that tree)."""
+    """Every dependency is a path the pinned upstream tree has once the
+    base's series is applied: upstream's own, or one the series adds."""
     upstream = _upstream_vllm_root()
     for step in test_area["steps"]:
         for dep in step["source_file_dependencies"]:
             path = dep.lstrip("!").rstrip("/")
-            found = (REPO / path).exists() or (
+            found = ((REPO / path).exists() and on_base(path)) or (
                 path.startswith("vllm/") and (upstream / path).exists()
             )
             assert found, f"{step['key']}: {dep} exists neither here nor upstream"
