@@ -10,7 +10,6 @@ builder, allocation and binding code runs as it does on the GPU.
 """
 
 import json
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
@@ -94,13 +93,13 @@ BLOCK_SIZES = [None, 16, 32, 64, 96, 128, 256]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def single_rank():
+def single_rank(tmp_path_factory):
     """One gloo rank: the layers ask the tensor-parallel group its size."""
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig("cpu"))):
         init_distributed_environment(
             world_size=1,
             rank=0,
-            distributed_init_method=f"file://{tempfile.mktemp()}",
+            distributed_init_method=f"file://{tmp_path_factory.mktemp('gloo')}/init",
             local_rank=0,
             backend="gloo",
         )
