@@ -7,8 +7,8 @@
 Writes ``OUT.log`` (every output line prefixed with the seconds since launch)
 and ``OUT.json``: the exit status, the elapsed seconds, when the weights were
 loaded (vLLM's "Model loading took" line), and the outcome with the line that
-decided it: ``refused at start-up`` (the DeepSeek V4.1 layers' --block-size check,
-before weights),
+decided it: ``refused at start-up`` (the DeepSeek V4.1 layers' --block-size
+check or the model's --attention-backend check, before weights),
 ``failed at binding`` (a KV cache that cannot be split into kernel blocks),
 ``no common block size``, ``other failure`` or ``ran``.
 """
@@ -25,7 +25,10 @@ from pathlib import Path
 OUTCOMES = (
     (
         "refused at start-up",
-        re.compile(r"--block-size \d+ cannot serve DeepSeek V4\.1"),
+        re.compile(
+            r"--block-size \d+ cannot serve DeepSeek V4\.1"
+            r"|--attention-backend \S+ has no DeepSeek V4\.1 kernel"
+        ),
     ),
     ("failed at binding", re.compile(r"cannot be split into")),
     ("no common block size", re.compile(r"No common block size")),

@@ -458,9 +458,7 @@ def make_plan(
             )
             report.attention_class = f"{layer_cls.__module__}.{layer_cls.__name__}"
             backend = layer_cls.backend_cls
-            if backend is not flashinfer and not backend.supports_compute_capability(
-                capability
-            ):
+            if not backend.supports_compute_capability(capability):
                 raise ValueError(
                     f"{backend.get_name()} does not run on SM{capability.to_int()}; "
                     "choose another --attention-backend."
@@ -494,14 +492,9 @@ def make_plan(
             )
             check_block_size(layer_cls, specs, block_size)
             # The two-segment layer chooses its kernel once its caches exist.
-            kernel_path = (
-                kernel_path
-                or KERNEL_PATHS[
-                    flashinfer_kernel(capability, padded_heads, swa_topk)
-                    if backend is flashinfer
-                    else backend.get_name()
-                ]
-            )
+            kernel_path = kernel_path or KERNEL_PATHS[
+                layer_kernel(layer_cls, capability, padded_heads, swa_topk)
+            ]
     except (ValueError, RuntimeError) as e:
         report.error = str(e)
         return report
@@ -569,18 +562,23 @@ def sm120_swa_topk(
     return ask(config, window_size)
 
 
-def flashinfer_kernel(
-    capability: DeviceCapability, padded_heads: int, swa_topk: int
+def layer_kernel(
+    layer_cls: type, capability: DeviceCapability, padded_heads: int, swa_topk: int
 ) -> str:
-    """The kernel (SparseMLAKernel value) FLASHINFER_MLA_SPARSE_DSV41's layer
-    runs on ``capability``, chosen as the layer chooses it."""
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_launcher
-    from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import SparseMLAKernel
+    """What ``layer_cls`` runs on ``capability``: the kernel (SparseMLAKernel
+    value) a two-segment layer chooses as it is built, or the backend's name;
+    raises as the layer does."""
+    choose = getattr(layer_cls, "choose_sparse_mla_kernel", None)
+    if choose is not None:
+        with capability_at_platform(capability):
+            return choose(padded_heads, swa_topk).value
+    from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+        DeepseekV4FlashInferMLAAttention,
+    )
 
-    if capability.major == 10:
-        return SparseMLAKernel.TRTLLM_GEN.value
-    with capability_at_platform(capability):
-        return sparse_mla_launcher.choose_kernel(padded_heads, swa_topk).value
+    if issubclass(layer_cls, DeepseekV4FlashInferMLAAttention):
+        return "flashinfer-trtllm-gen"
+    return layer_cls.backend_cls.get_name()
 
 
 def _default_class_note(

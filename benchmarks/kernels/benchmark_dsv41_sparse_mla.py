@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Time the Triton DSV4 sparse-MLA kernel against its roofline floor, a
-PyTorch gather + dequantize + matmul baseline and the FlashMLA sparse FP8
-decode vLLM ships (where it loads: SM90, SM100), on the same pages.
+"""Time the Triton DSV4 sparse-MLA kernel against its roofline floor and the
+FlashMLA sparse FP8 decode vLLM ships (where it loads: SM90, SM100), on the
+same pages.
 
 Decode: tokens {1, 2, 4, 8, 32, 128, 256} x heads {8, 16, 32, 64, 128}
 (DeepSeek V4.1 Flash's 64 heads at TP 8/4/2/1, and 128), each token with an
@@ -16,7 +16,7 @@ Accuracy of every kernel is against a float64 reference over the
 dequantised rows.
 
     python benchmarks/kernels/benchmark_dsv41_sparse_mla.py \
-        --out-dir benchmarks/results [--check-targets] [--sweep]
+        --out-dir benchmarks/results [--check-targets]
 
 FlashMLA (flashmla_peer.py) is timed in the same run on the same pools, slot
 ids, lengths and sinks, each token as its own batch entry as vLLM calls it;
@@ -24,9 +24,7 @@ its per-step planning, its output buffer and the padding of fewer than 64
 heads to 64 are made once, outside the timed region. ``--check-targets``
 fails the run where a row's ratio to FlashMLA misses ``TARGETS``.
 
-Writes dsv41_sparse_mla_<gpu>.json and .md (and a roofline PNG where
-matplotlib is present; otherwise draw it later with
-benchmarks/kernels/plot_dsv41_sparse_mla_roofline.py).
+Writes dsv41_sparse_mla_<gpu>.json and .md.
 """
 
 import argparse
@@ -37,7 +35,6 @@ import os
 import platform
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 import triton
@@ -171,42 +168,6 @@ def run_triton(x, tile: tuple | None = None, num_splits: int | None = None):
     )  # fmt: skip
 
 
-def _gather_dequant(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """[T, N] slot ids -> [T, N, 512] BF16 rows of a packed pool."""
-    flat = pool.as_strided((pool.shape[0], PAGE * RECORD), (pool.stride(0), 1))
-    page = (idx // PAGE).long()
-    off = (idx % PAGE).long()
-    vals = flat[:, : PAGE * 576].reshape(-1, PAGE, 576)[page, off]
-    scl = flat[:, PAGE * 576 :].reshape(-1, PAGE, 8)[page, off, :7]
-    nope = vals[..., :448].view(torch.float8_e4m3fn).float()
-    nope = nope.unflatten(-1, (7, 64)) * torch.exp2(scl.float() - 127)[..., None]
-    rope = vals[..., 448:].contiguous().view(torch.bfloat16)
-    return torch.cat([nope.flatten(-2).to(torch.bfloat16), rope], dim=-1)
-
-
-def run_torch(x):
-    """What one would write without a kernel: gather, dequantize, two batched
-    matmuls and a masked softmax with the sink column."""
-    segs = segments(x)
-    kv = torch.cat(
-        [_gather_dequant(pool, idx.clamp_min(0)) for pool, idx, _ in segs], 1
-    )
-    live = torch.cat(
-        [
-            (torch.arange(idx.shape[1], device="cuda")[None] < lens[:, None])
-            & (idx >= 0)
-            for _, idx, lens in segs
-        ],
-        1,
-    )
-    logits = torch.bmm(x["query"], kv.transpose(1, 2)).float() * x["scale"]
-    logits = logits.masked_fill(~live[:, None], float("-inf"))
-    sink = x["sinks"][None, :, None].expand(logits.shape[0], -1, 1)
-    p = torch.softmax(torch.cat([logits, sink], -1), -1)[..., :-1]
-    x["out"].copy_(torch.bmm(p.to(torch.bfloat16), kv))
-    return x["out"]
-
-
 def default_config(tokens: int, heads: int, swa_cap: int, cmp_cap: int) -> str:
     """The launch configuration the kernel picks by itself, for the table."""
     tile = K._default_tile(
@@ -311,7 +272,6 @@ def point(
     tokens: int,
     heads: int,
     kind: str,
-    with_torch: bool,
     rep_ms: int = 200,
     peer=None,
     **cfg,
@@ -345,11 +305,6 @@ def point(
         pct_of_floor=100.0 * floor_s / (t_ms * 1e-3),
         rel_err_f64=err,
     )
-    if with_torch:
-        t_torch = bench(lambda: run_torch(x))
-        row["torch_us"] = t_torch * 1e3
-        row["speedup_vs_torch"] = t_torch / t_ms
-        row["torch_rel_err_f64"] = rel_err(run_torch(x), ref)
     if peer is not None and heads <= 128:
         run_peer = peer.prepare(x)
         row["flashmla_rel_err_f64"] = rel_err(run_peer(), ref)
@@ -384,90 +339,6 @@ def missed_targets(rows: list[dict]) -> list[str]:
                 f"{have} < {want}"
             )
     return missed
-
-
-def _sweep_configs(tokens: int, heads: int) -> list[dict]:
-    """Launch configurations to time at one point: (block_h, num_warps,
-    block_n, dv_splits[, max_regs]) tiles that compile for sm_90 with no or
-    few register spills, times candidate splits around the launcher's
-    default."""
-    if heads <= 16:
-        # The 4-warp tile, and register caps (fifth field) that fit three
-        # (168 a thread) or four (128) programs on a multiprocessor.
-        tiles = [
-            (16, 4, 32, 1),
-            (16, 4, 16, 1, 168),
-            (16, 4, 32, 1, 168),
-            (16, 4, 16, 1, 128),
-        ]
-        # A 4-warp program leaves most of an SM idle: cut the candidates
-        # even when the tokens alone fill the machine.
-        splits = {
-            1: (10, 20),
-            8: (8, 16),
-            32: (4, 8),
-            128: (2, 3, 4),
-            256: (1, 2),
-        }
-    elif heads <= 32:
-        tiles = [(32, 8, 32, 1), (32, 8, 64, 1), (16, 4, 32, 1), (16, 8, 32, 1)]
-        splits = {1: (10, 20), 8: (4, 8, 16), 32: (2, 4, 8), 128: (1, 2), 256: (1,)}
-    elif tokens < 32:
-        # Few tokens: narrower head blocks give more programs to spread each
-        # token's candidates over (every block re-reads the rows, from L2).
-        tiles = [(64, 8, 32, 1), (32, 8, 32, 1), (16, 4, 32, 1), (16, 4, 16, 1)]
-        if heads > 64:
-            tiles.append((64, 8, 64, 1))
-        splits = {
-            1: (10, 20, 40),
-            2: (5, 10, 20),
-            4: (4, 8, 20),
-            8: (2, 4, 8),
-            16: (2, 4, 8),
-        }
-    elif heads <= 64:
-        # 16 warps: half the per-thread dequantisation and twice the warps
-        # to hide latency, at 128 registers per thread.
-        tiles = [(64, 8, 32, 1), (64, 8, 64, 1), (64, 16, 32, 1), (64, 16, 64, 1)]
-        splits = {32: (2, 4)}
-    else:
-        tiles = [
-            (128, 8, 32, 2),
-            (64, 8, 64, 1),
-            (64, 16, 32, 1),
-            (64, 16, 64, 1),
-            (128, 16, 32, 2),
-        ]
-        splits = {32: (2, 4)}
-    chunks = -(-SWA_CAP // 32) - (-CMP_CAP // 32)
-    configs = {
-        (tile, min(sp, chunks * 32 // tile[2]))
-        for tile in tiles
-        for sp in splits.get(tokens, (1,))
-    }
-    return [
-        dict(tile=tile, num_splits=sp)
-        for tile, sp in sorted(configs, key=lambda c: (str(c[0]), c[1]))
-    ]
-
-
-def sweep(points: list[tuple[int, int]]) -> list[dict]:
-    """Time launch configurations (no torch baseline)."""
-    rows = []
-    for tokens, heads in points:
-        for cfg in _sweep_configs(tokens, heads):
-            try:
-                r = point(tokens, heads, "sweep", False, rep_ms=40, **cfg)
-            except Exception as e:  # resource limits of a config
-                print(f"  {tokens} {heads} {cfg}: {type(e).__name__} {str(e)[:80]}")
-                continue
-            rows.append(r)
-            print(
-                f"  T={tokens:4d} H={heads:3d} {r['config']} "
-                f"{r['time_us']:8.1f} us {r['pct_of_floor']:5.1f}% "
-                f"err {r['rel_err_f64']:.1e}"
-            )
-    return rows
 
 
 def _f(r: dict, key: str, fmt: str) -> str:
@@ -505,8 +376,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                 "vLLM's FlashMLA layer calls it. Its per-step planning, output "
                 "buffer and the padding of fewer than 64 heads to 64 are made once, "
                 "outside the timed region. vs FlashMLA = FlashMLA time / ours (> 1: "
-                "ours faster); target: the least it must be. torch = gather + "
-                "dequantise + two batched matmuls in PyTorch (baseline)."
+                "ours faster); target: the least it must be."
             ),
         ]
     lines += [
@@ -514,9 +384,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         (
             "| kind | tokens | heads | ours (us) | FlashMLA (us) | vs FlashMLA "
             "| target | ours err | FlashMLA err | TFLOP/s | % of floor "
-            "| torch (us) | launch config |"
+            "| launch config |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
@@ -524,39 +394,11 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             f"| {_f(r, 'flashmla_us', '.1f')} "
             f"| {_f(r, 'speed_vs_flashmla', '.2f')} | {_f(r, 'target', '.1f')} "
             f"| {r['rel_err_f64']:.1e} | {_f(r, 'flashmla_rel_err_f64', '.1e')} "
-            f"| {r['tflops']:.1f} | {r['pct_of_floor']:.1f} "
-            f"| {_f(r, 'torch_us', '.1f')} | {r['config']} |"
+            f"| {r['tflops']:.1f} | {r['pct_of_floor']:.1f} | {r['config']} |"
         )
     missed = missed_targets(rows)
     lines += ["", "Targets: " + ("; ".join(missed) if missed else "all met") + "."]
     return "\n".join(lines) + "\n"
-
-
-# (tokens, heads) points where launch configs are swept and variants compared.
-TUNED_POINTS = (
-    (8, 16),
-    (32, 16),
-    (128, 16),
-    (256, 16),
-    (1, 128),
-    (4, 128),
-    (8, 128),
-    (8, 64),
-    (32, 64),
-    (32, 128),
-    (128, 64),
-    (256, 64),
-    (128, 128),
-    (256, 128),
-)
-
-
-def _load_kernel(path: str):
-    """A kernel module from a file (a variant), bound to the real Triton."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.kernels.attention.dsv41_offline_compile import load_kernel_module
-
-    return load_kernel_module(path)
 
 
 def _load_peer():
@@ -595,11 +437,9 @@ def _parse_points(text: str) -> list[tuple[int, int]]:
 
 
 def main() -> None:
-    global K, _DSPARK_SWA_WIDTH
+    global _DSPARK_SWA_WIDTH
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", default="benchmarks/results")
-    ap.add_argument("--sweep", action="store_true", help="try launch configs")
-    ap.add_argument("--sweep-only", action="store_true", help="only the sweep")
     ap.add_argument("--prefill-tokens", type=int, default=4096)
     ap.add_argument("--prefill-heads", type=int, default=128)
     ap.add_argument("--no-prefill", action="store_true")
@@ -610,7 +450,6 @@ def main() -> None:
         default=None,
         help="get_dspark_swa_index_width(128, 5), where vLLM cannot be imported",
     )
-    ap.add_argument("--no-torch", action="store_true", help="skip the torch baseline")
     ap.add_argument("--no-flashmla", action="store_true", help="skip the peer")
     ap.add_argument(
         "--check-targets",
@@ -618,25 +457,15 @@ def main() -> None:
         help="exit 1 where a row misses its ratio to FlashMLA (TARGETS)",
     )
     ap.add_argument("--commit", default="unknown", help="the kernel's commit")
-    ap.add_argument(
-        "--kernel", default=None, help="time this copy of the kernel module instead"
-    )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument(
         "--points",
         default=None,
         help="comma-separated TOKENSxHEADS decode points (default: all)",
     )
-    ap.add_argument(
-        "--sweep-points",
-        default=None,
-        help="comma-separated TOKENSxHEADS points to sweep (default: the tuned ones)",
-    )
     ap.add_argument("--rep-ms", type=int, default=200)
     args = ap.parse_args()
     _DSPARK_SWA_WIDTH = args.dspark_swa_width
-    if args.kernel:
-        K = _load_kernel(args.kernel)
     peer, peer_version = (None, None) if args.no_flashmla else _load_peer()
 
     props = torch.cuda.get_device_properties(0)
@@ -652,31 +481,19 @@ def main() -> None:
         peak_bw=PEAK_BW,
         peak_flops=PEAK_FLOPS,
         command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-        kernel=args.kernel or K.__name__,
+        kernel=K.__name__,
         flashmla=peer_version,
         dspark_swa_width_given=args.dspark_swa_width,
     )
     os.makedirs(args.out_dir, exist_ok=True)
     result: dict = dict(meta=meta)
-    if args.sweep or args.sweep_only:
-        pts = (
-            _parse_points(args.sweep_points)
-            if args.sweep_points
-            else list(TUNED_POINTS)
-        )
-        result["sweep"] = sweep(pts)
-    if args.sweep_only:
-        with open(os.path.join(args.out_dir, f"sweep{args.tag}.json"), "w") as f:
-            json.dump(result, f, indent=1, default=str)
-        return
     if args.points:
         points = _parse_points(args.points)
     else:
         points = [(t, h) for t in DECODE_TOKENS for h in DECODE_HEADS]
-    cfg: dict = {}
     rows = []
     for tokens, heads in points:
-        r = point(tokens, heads, "decode", not args.no_torch, args.rep_ms, peer, **cfg)
+        r = point(tokens, heads, "decode", args.rep_ms, peer)
         rows.append(r)
         print(
             f"decode T={tokens:4d} H={heads:3d} {r['time_us']:8.1f} us "
@@ -694,7 +511,7 @@ def main() -> None:
     for requests in dspark:
         for heads in DSPARK_HEADS:
             tokens = requests * DSPARK_QUERY_TOKENS
-            r = point(tokens, heads, "dspark", False, args.rep_ms, peer, **cfg)
+            r = point(tokens, heads, "dspark", args.rep_ms, peer)
             rows.append(r)
             print(
                 f"dspark T={tokens:4d} H={heads:3d} {r['time_us']:8.1f} us"
@@ -708,14 +525,7 @@ def main() -> None:
             )
     if not args.no_prefill:
         rows.append(
-            point(
-                args.prefill_tokens,
-                args.prefill_heads,
-                "prefill",
-                not args.no_torch,
-                args.rep_ms,
-                **cfg,
-            )
+            point(args.prefill_tokens, args.prefill_heads, "prefill", args.rep_ms)
         )
     result["rows"] = rows
     tag = meta["gpu"].replace(" ", "_").lower() + args.tag
@@ -726,13 +536,6 @@ def main() -> None:
     with open(base + ".md", "w") as f:
         f.write(md)
     print(md)
-    try:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from plot_dsv41_sparse_mla_roofline import plot
-
-        plot(base + ".json", base + ".png")
-    except ImportError as e:
-        print(f"no roofline PNG here ({e}); draw it from the JSON later")
     assert all(not math.isnan(r["rel_err_f64"]) for r in rows)
     if args.check_targets and (missed := missed_targets(rows)):
         sys.exit("targets missed:\n  " + "\n  ".join(missed))

@@ -52,12 +52,24 @@ REFUSED = (
     "sys.exit(1)\n"
 )
 
+BACKEND_REFUSED = (
+    "import sys\n"
+    "print('ValueError: --attention-backend TRITON_MLA_SPARSE_DSV41 has no "
+    "DeepSeek V4.1 kernel for SM100 GPUs. Leave')\n"
+    "sys.exit(1)\n"
+)
+
 
 @pytest.mark.parametrize(
     "program, outcome, code",
     [
         (
             REFUSED,
+            "refused at start-up",
+            1,
+        ),
+        (
+            BACKEND_REFUSED,
             "refused at start-up",
             1,
         ),

@@ -84,7 +84,15 @@ CASES = {
         1,
         "is not a DeepSeek V4.1 attention backend",
     ),
-    "sm80": Case(["--capability", "8.0"], 1, "this GPU is SM80"),
+    "sm80": Case(["--capability", "8.0"], 1, "has no DeepSeek V4.1 kernel for SM80"),
+    "sm90-flashinfer": Case(
+        ["--capability", "9.0"], 1, "has no DeepSeek V4.1 kernel for SM90"
+    ),
+    "sm89-triton": Case(
+        ["--capability", "8.9", "--attention-backend", "TRITON_MLA_SPARSE_DSV41"],
+        1,
+        "TRITON_MLA_SPARSE_DSV41 has no DeepSeek V4.1 kernel for SM89",
+    ),
     "tp-3-of-128": Case(
         ["--capability", "120", "--tp", "3"],
         1,
@@ -95,7 +103,11 @@ CASES = {
     ),
     # served: exit 0
     "sm_120": Case(["--capability", "sm_120"], 0, "plan for SM120"),
-    "sm90": Case(["--capability", "90"], 0, "plan for SM90"),
+    "sm90": Case(
+        ["--capability", "90", "--attention-backend", "TRITON_MLA_SPARSE_DSV41"],
+        0,
+        "plan for SM90",
+    ),
     "nested-text-config": Case(
         ["--capability", "12.0"], 0, "plan for SM120", config=NESTED
     ),

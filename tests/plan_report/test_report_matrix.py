@@ -34,3 +34,33 @@ def test_the_report_says_what_start_up_does(on_gpu, gpu, backend, block_size):  
     layer_cls = binding.layer_class(gpu, backend)
     assert ours.attention_class.endswith(f".{layer_cls.__name__}")
     assert ours.error == binding.refusal(gpu, backend, block_size)
+
+
+# Each --attention-backend on a GPU it runs on and on GPUs it has no kernel for.
+BACKEND_CHOICES = [
+    pytest.param((9, 0), "TRITON_MLA_SPARSE_DSV41", id="sm90-triton"),
+    pytest.param((12, 1), "TRITON_MLA_SPARSE_DSV41", id="sm121-triton"),
+    pytest.param((8, 9), "TRITON_MLA_SPARSE_DSV41", id="sm89-triton"),
+    pytest.param((10, 0), "TRITON_MLA_SPARSE_DSV41", id="sm100-triton"),
+    pytest.param((9, 0), "FLASHINFER_MLA_SPARSE_DSV41", id="sm90-flashinfer"),
+]
+
+
+@pytest.mark.parametrize("block_size", [None, 128])
+@pytest.mark.parametrize("gpu,backend", BACKEND_CHOICES)
+def test_the_report_refuses_a_backend_where_start_up_does(
+    on_gpu,  # noqa: F811
+    gpu,
+    backend,
+    block_size,
+):
+    on_gpu(gpu)
+    ours = report.make_plan(
+        DeviceCapability(*gpu),
+        binding.HF_CONFIG,
+        block_size=block_size,
+        attention_backend=backend,
+    )
+    assert ours.error == binding.refusal(gpu, backend, block_size)
+    if ours.error is None:
+        assert ours.kernel_path == report.KERNEL_PATHS["triton"]

@@ -41,6 +41,7 @@ FLASHINFER = "vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py"
 MODEL = "vllm/models/deepseek_v41/nvidia/model.py"
 INDEXER = "vllm/v1/attention/backends/mla/indexer.py"
 WORKER_UTILS = "vllm/v1/worker/utils.py"
+REGISTRY = "vllm/v1/attention/backends/registry.py"
 
 FI_BACKEND = "DeepseekV4FlashInferMLASparseBackend"
 SM120_LAYER = "DeepseekV4FlashInferSM120Attention"
@@ -557,15 +558,91 @@ EDITS: tuple[Edit, ...] = (
         "supports_combination asks the same validation as start-up",
         bases=BACKPORT,
     ),
-    # ---- triton: the portable kernel where FlashInfer has none
+    # ---- triton: the portable kernel, chosen by its own name (the older
+    # base: also where its FlashInfer has no kernel for the GPU or shape)
     Edit(
-        FLASHINFER,
-        f"{FI_BACKEND}.supports_compute_capability",
-        REPLACE,
-        "capability.to_int() >= sparse_mla_kernel.TRITON_MIN_CAPABILITY",
+        REGISTRY,
+        "AttentionBackendEnum",
+        INSERT_AFTER,
+        """
+        TRITON_MLA_SPARSE_DSV41 = (
+            "vllm.models.deepseek_v41.nvidia.triton_sparse."
+            "DeepseekV4TritonMLASparseBackend"
+        )
+        """,
         TRITON,
-        "the backend runs from SM89 on, through the Triton kernel off Blackwell",
-        anchor="capability.major in [10, 12]",
+        "the Triton kernel's DeepSeek V4.1 backend has a name of its own",
+        anchor="FLASHINFER_MLA_SPARSE_DSV41 = (",
+        bases=DEFAULT,
+    ),
+    Edit(
+        MODEL,
+        "",
+        INSERT_AFTER,
+        "from vllm.models.deepseek_v41.nvidia.triton_sparse import "
+        "DeepseekV4TritonMLAAttention",
+        TRITON,
+        "the model builds the Triton layer",
+        anchor="from vllm.models.deepseek_v41.nvidia.flashmla import",
+        bases=DEFAULT,
+    ),
+    Edit(
+        MODEL,
+        "",
+        INSERT_AFTER,
+        "from vllm.platforms.interface import DeviceCapability",
+        TRITON,
+        "the model's backend check names the GPU",
+        anchor="from vllm.platforms import current_platform",
+        bases=DEFAULT,
+    ),
+    Edit(
+        MODEL,
+        "",
+        INSERT_BEFORE,
+        '''
+        def _for_this_gpu(
+            attn_cls: type[DeepseekV4Attention], capability: DeviceCapability | None
+        ) -> type[DeepseekV4Attention]:
+            """``attn_cls``, if its backend has kernels for this GPU; otherwise
+            the --attention-backend is refused before any weight loads."""
+            backend = attn_cls.backend_cls
+            if capability is None or backend.supports_compute_capability(capability):
+                return attn_cls
+            raise ValueError(
+                f"--attention-backend {backend.get_name()} has no DeepSeek V4.1 "
+                f"kernel for SM{capability.to_int()} GPUs. Leave "
+                "--attention-backend unset for this GPU's default, or choose a "
+                "backend built for it."
+            )
+        ''',
+        TRITON,
+        "a backend named for a GPU it has no kernel for is refused at start-up",
+        anchor="def _select_dsv4_attn_cls(",
+        bases=DEFAULT,
+    ),
+    Edit(
+        MODEL,
+        "_select_dsv4_attn_cls",
+        REPLACE,
+        "return _for_this_gpu(DeepseekV4FlashInferMLAAttention, device_capability)",
+        TRITON,
+        "FLASHINFER_MLA_SPARSE_DSV41 is refused where FlashInfer has no kernel",
+        anchor="return DeepseekV4FlashInferMLAAttention",
+        bases=DEFAULT,
+    ),
+    Edit(
+        MODEL,
+        "_select_dsv4_attn_cls",
+        INSERT_BEFORE,
+        """
+        if backend is AttentionBackendEnum.TRITON_MLA_SPARSE_DSV41:
+            return _for_this_gpu(DeepseekV4TritonMLAAttention, device_capability)
+        """,
+        TRITON,
+        "TRITON_MLA_SPARSE_DSV41 builds the two-segment layer on the Triton kernel",
+        anchor="if backend is AttentionBackendEnum.FLASHMLA_MEGA_ATTN_DSV41:",
+        bases=DEFAULT,
     ),
     Edit(
         FLASHINFER,
@@ -577,82 +654,6 @@ EDITS: tuple[Edit, ...] = (
         TRITON,
         "the two-segment layer runs its kernel through the launcher",
         anchor="from vllm.models.deepseek_v41.common.ops import",
-        bases=DEFAULT,
-    ),
-    Edit(
-        FLASHINFER,
-        "",
-        REPLACE,
-        """
-        import (
-            sparse_mla_kernel,
-            sparse_mla_launcher,
-            sparse_mla_pages,
-        )
-        """,
-        TRITON,
-        "the two-segment layer runs its kernel through the launcher",
-        anchor="import sparse_mla_pages",
-        bases=BACKPORT,
-    ),
-    Edit(
-        FLASHINFER,
-        f"{FI_BACKEND}.get_supported_kernel_block_sizes",
-        INSERT_BEFORE,
-        """
-        capability = current_platform.get_device_capability()
-        if capability is not None and capability.major not in (10, 12):
-            # The Triton kernel reads pages of any size.
-            return [MultipleOf(1)]
-        """,
-        TRITON,
-        "off Blackwell the Triton kernel takes the pages the indexer takes",
-        anchor="if current_platform.is_device_capability_family(120):",
-        bases=DEFAULT,
-    ),
-    Edit(
-        FLASHINFER,
-        f"{FI_BACKEND}.supports_combination",
-        REPLACE,
-        "device_capability.to_int() >= sparse_mla_kernel.TRITON_MIN_CAPABILITY",
-        TRITON,
-        "off SM10x the two-segment layer serves the packed record from SM89 on",
-        anchor="device_capability.major == 12",
-        bases=DEFAULT,
-    ),
-    Edit(
-        FLASHINFER,
-        f"{FI_BACKEND}.supports_combination",
-        REPLACE_STATEMENT,
-        "",
-        TRITON,
-        "a GPU without FlashInfer's SM120 kernels runs the Triton kernel",
-        anchor="import has_flashinfer_sparse_mla_sm120",
-        bases=DEFAULT,
-    ),
-    Edit(
-        FLASHINFER,
-        f"{FI_BACKEND}.supports_combination",
-        REPLACE_STATEMENT,
-        "# FlashInfer's SM120 kernels or, without them, the Triton kernel.",
-        TRITON,
-        "a GPU without FlashInfer's SM120 kernels runs the Triton kernel",
-        anchor="if not has_flashinfer_sparse_mla_sm120():",
-        bases=DEFAULT,
-    ),
-    Edit(
-        FLASHINFER,
-        f"{FI_BACKEND}.supports_combination",
-        REPLACE,
-        """
-        (
-            "FLASHINFER_MLA_SPARSE_DSV4 requires SM10x, or SM"
-            f"{sparse_mla_kernel.TRITON_MIN_CAPABILITY} and later for its Triton kernel"
-        )
-        """,
-        TRITON,
-        "the refusal names the GPUs the backend serves",
-        anchor='"FLASHINFER_MLA_SPARSE_DSV4 requires SM10x or SM12x"',
         bases=DEFAULT,
     ),
     Edit(
@@ -669,15 +670,69 @@ EDITS: tuple[Edit, ...] = (
         f"{SM120_LAYER}.__init__",
         REPLACE_STATEMENT,
         """
-        self.sparse_mla_kernel = sparse_mla_launcher.choose_kernel(
+        self.sparse_mla_kernel = self.choose_sparse_mla_kernel(
             self.padded_heads, required_topk
         )
         """,
         TRITON,
-        "a GPU or decode shape FlashInfer's SM120 kernels lack runs the Triton "
-        "kernel instead of failing",
+        "each two-segment layer class chooses its kernel while it is built",
         anchor="if not has_flashinfer_sparse_mla_sm120_config(",
         bases=DEFAULT,
+    ),
+    Edit(
+        FLASHINFER,
+        SM120_LAYER,
+        ADD_TO_CLASS,
+        '''
+        @classmethod
+        def choose_sparse_mla_kernel(
+            cls, num_q_heads: int, top_k: int
+        ) -> sparse_mla_kernel.SparseMLAKernel:
+            """FlashInfer's SM120 decode kernel for this shape; refused while the
+            model is built where the installed FlashInfer has none."""
+            from vllm.utils.flashinfer import has_flashinfer_sparse_mla_sm120_config
+
+            if not has_flashinfer_sparse_mla_sm120_config(num_q_heads, top_k):
+                raise RuntimeError(
+                    "FLASHINFER_MLA_SPARSE_DSV41 needs a FlashInfer SM120 sparse-MLA "
+                    f"decode kernel for {num_q_heads} heads at top-k {top_k}, which "
+                    "the installed FlashInfer lacks. Install a FlashInfer that has "
+                    "it (flashinfer-ai/flashinfer#4380), or use --attention-backend "
+                    "TRITON_MLA_SPARSE_DSV41."
+                )
+            return sparse_mla_kernel.SparseMLAKernel.FLASHINFER_SM120
+        ''',
+        TRITON,
+        "a shape FlashInfer lacks is refused naming the Triton backend",
+        bases=DEFAULT,
+    ),
+    # The older base: FlashInfer 0.6's SM120 kernels lack some shapes, so its
+    # page policy runs the Triton kernel where they do, and on SM89/SM90.
+    Edit(
+        FLASHINFER,
+        f"{FI_BACKEND}.supports_compute_capability",
+        REPLACE,
+        "capability.to_int() >= sparse_mla_kernel.TRITON_MIN_CAPABILITY",
+        TRITON,
+        "the backend runs from SM89 on, through the Triton kernel off Blackwell",
+        anchor="capability.major in [10, 12]",
+        bases=BACKPORT,
+    ),
+    Edit(
+        FLASHINFER,
+        "",
+        REPLACE,
+        """
+        import (
+            sparse_mla_kernel,
+            sparse_mla_launcher,
+            sparse_mla_pages,
+        )
+        """,
+        TRITON,
+        "the two-segment layer runs its kernel through the launcher",
+        anchor="import sparse_mla_pages",
+        bases=BACKPORT,
     ),
     Edit(
         FLASHINFER,
@@ -699,6 +754,26 @@ EDITS: tuple[Edit, ...] = (
         anchor="if not self.sparse_mla_plan.serves(",
         bases=BACKPORT,
     ),
+    Edit(
+        MODEL,
+        "_select_dsv4_attn_cls",
+        REPLACE,
+        """
+        device_capability.major != 10:
+            # Off SM10x the two-segment layer runs, on FlashInfer's SM120
+            # kernels or the portable Triton kernel (SM89, SM90).
+            return DeepseekV4FlashInferSM120Attention
+        return DeepseekV4FlashInferMLAAttention
+        """,
+        TRITON,
+        "FLASHINFER_MLA_SPARSE_DSV41 off Blackwell runs the two-segment layer",
+        # The FlashInfer branch's test; the default branch has one like it.
+        anchor="device_capability.major == 12:\n"
+        "            return DeepseekV4FlashInferSM120Attention\n"
+        "        return DeepseekV4FlashInferMLAAttention",
+        bases=BACKPORT,
+    ),
+    # Every base: the layer runs the kernel chosen for it.
     Edit(
         FLASHINFER,
         SM120_LAYER,
@@ -728,24 +803,6 @@ EDITS: tuple[Edit, ...] = (
         TRITON,
         "prefill goes through the layer's kernel",
         anchor="flashinfer_trtllm_batch_decode_sparse_mla_dsv4(",
-    ),
-    Edit(
-        MODEL,
-        "_select_dsv4_attn_cls",
-        REPLACE,
-        """
-        device_capability.major != 10:
-            # Off SM10x the two-segment layer runs, on FlashInfer's SM120
-            # kernels or the portable Triton kernel (SM89, SM90).
-            return DeepseekV4FlashInferSM120Attention
-        return DeepseekV4FlashInferMLAAttention
-        """,
-        TRITON,
-        "FLASHINFER_MLA_SPARSE_DSV41 off Blackwell runs the two-segment layer",
-        # The FlashInfer branch's test; the default branch has one like it.
-        anchor="device_capability.major == 12:\n"
-        "            return DeepseekV4FlashInferSM120Attention\n"
-        "        return DeepseekV4FlashInferMLAAttention",
     ),
 )
 

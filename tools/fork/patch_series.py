@@ -42,7 +42,11 @@ FORK_ONLY: tuple[str, ...] = tuple(_SERIES["fork_only"])
 
 
 def _message(concern: str, flashinfer: str, base: str) -> tuple[str, str]:
-    message = _SERIES["messages"][concern]
+    message = dict(_SERIES["messages"][concern])
+    # A text may differ per base: a table of texts by base.
+    for key in ("title", "body"):
+        if isinstance(message.get(key), dict):
+            message[key] = message[key][base]
     if concern != PAGES:
         return message["title"], message["body"].strip()
     parts = []

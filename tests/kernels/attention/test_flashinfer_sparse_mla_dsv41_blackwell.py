@@ -43,6 +43,12 @@ from typing import Any
 import pytest
 import torch
 
+from tests.v1.attention.dsv41.fp8_ds_mla_pool import (
+    alloc_fp8_ds_mla_pool,
+    alloc_plain_pool,
+    write_fp8_ds_mla,
+    write_plain_pool,
+)
 from tests.v1.attention.dsv41.index_reference import (
     reference_build_flashinfer_mixed_sparse_indices,
     reference_compute_global_topk_indices_and_lens,
@@ -50,12 +56,8 @@ from tests.v1.attention.dsv41.index_reference import (
 )
 from tests.v1.attention.dsv41.sparse_mla_reference import (
     SWA_COLUMNS,
-    alloc_fp8_ds_mla_pool,
-    alloc_plain_pool,
     dense_attention_oracle,
     reference_sparse_mla_dsv4,
-    write_fp8_ds_mla,
-    write_plain_pool,
 )
 from tests.v1.attention.dsv41.test_attention_forward_cpu import (
     CASES as FORWARD_CASES,

@@ -2,12 +2,11 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """GPU tests of the portable Triton DSV4 sparse-MLA kernel.
 
-Each case draws seeded random inputs, writes the pools with the team's shared
-writers (tests/v1/attention/dsv41/sparse_mla_reference.py), poisons the output
-with NaN, runs the kernel and compares with a float64 dense reference over the
-dequantized rows and, for the shapes FlashInfer's SM120 contract covers, with
-the shared ``reference_sparse_mla_dsv4``. Wrong addressing, a missed slot, a
-missing sink or an unwritten output all show up as errors.
+Each case draws seeded random inputs, writes the pools with the CPU record
+writers (tests/v1/attention/dsv41/fp8_ds_mla_pool.py), poisons the output
+with NaN, runs the kernel and compares with a float64 dense reference over
+the dequantized rows. Wrong addressing, a missed slot, a missing sink or an
+unwritten output all show up as errors.
 """
 
 from dataclasses import dataclass
@@ -16,12 +15,10 @@ import pytest
 import torch
 
 import vllm.v1.attention.ops.triton_dsv41_sparse_mla as kernels
-from tests.v1.attention.dsv41.sparse_mla_reference import (
-    SUPPORTED_NUM_HEADS,
+from tests.v1.attention.dsv41.fp8_ds_mla_pool import (
     alloc_fp8_ds_mla_pool,
     alloc_plain_pool,
     read_fp8_ds_mla,
-    reference_sparse_mla_dsv4,
     write_fp8_ds_mla,
     write_plain_pool,
 )
@@ -46,7 +43,6 @@ def _device() -> torch.device:
 @dataclass
 class Pool:
     cache: torch.Tensor  # what the kernel gets (on the GPU)
-    cpu_cache: torch.Tensor  # the same bytes on the CPU, for the shared reference
     rows: torch.Tensor  # [pages * page_size, 512] float64, what the pool holds
 
 
@@ -66,9 +62,9 @@ def make_pool(
     seed: int = 0,
     block_exponents: tuple[int, ...] | None = None,
 ) -> Pool:
-    """A paged pool of random rows, written with the shared reference's
-    writers. ``pad`` adds bytes (FP8) or rows (BF16) after each page so the
-    page stride exceeds one page's data; the padding holds random garbage.
+    """A paged pool of random rows, written with the CPU record writers.
+    ``pad`` adds bytes (FP8) or rows (BF16) after each page so the page
+    stride exceeds one page's data; the padding holds random garbage.
     ``block_exponents`` scales each 64-column block of every row by 2 ** e
     (the quantiser's UE8M0 scales follow)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -99,7 +95,7 @@ def make_pool(
         )
         write_fp8_ds_mla(cpu, slots, rows)
         held = read_fp8_ds_mla(cpu, slots).double()
-    return Pool(_to_device_keep_strides(cpu), cpu, held.to(_device()))
+    return Pool(_to_device_keep_strides(cpu), held.to(_device()))
 
 
 def make_indices(
@@ -152,37 +148,6 @@ def reference(
         p = p[..., :-1]
     out = torch.einsum("thn,tnd->thd", p, kv)
     return torch.where(denom > 0, out / denom.clamp_min(1e-300), 0.0)
-
-
-def shared_reference(
-    q: torch.Tensor,
-    segments: list,
-    sm_scale: float,
-    sinks: torch.Tensor | None,
-    layout: str = "NHD",
-) -> torch.Tensor:
-    (swa, swa_idx, swa_lens), *rest = segments
-    extra = {}
-    if rest:
-        cmp, cmp_idx, cmp_lens = rest[0]
-        extra = dict(
-            compressed_kv_cache=cmp.cpu_cache,
-            extra_sparse_indices=cmp_idx.cpu(),
-            extra_sparse_topk_lens=cmp_lens.cpu(),
-        )
-    out = torch.empty(q.shape, dtype=torch.float32)
-    return reference_sparse_mla_dsv4(
-        query=q.cpu(),
-        swa_kv_cache=swa.cpu_cache,
-        sparse_indices=swa_idx.cpu(),
-        swa_topk_lens=swa_lens.cpu(),
-        out=out,
-        bmm1_scale=sm_scale,
-        sinks=None if sinks is None else sinks.cpu(),
-        kv_layout=layout,
-        backend="sparse",
-        **extra,
-    )
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -292,11 +257,6 @@ def test_matches_reference(heads: int, record: str, both: bool, num_tokens: int)
     ref = reference(q, segments, SM_SCALE, sinks)
     assert not torch.isnan(out).any(), "unwritten or NaN outputs"
     assert rel_err(out, ref) < RTOL
-    if record == "fp8" and heads in SUPPORTED_NUM_HEADS:
-        # The team's CPU model of FlashInfer's SM120 contract, called with
-        # FlashInfer's own keywords, must agree too.
-        shared = shared_reference(q, segments, SM_SCALE, sinks)
-        assert rel_err(out, shared.to(_device()).double()) < RTOL
 
 
 # (block_h, num_warps, block_n, dv_splits[, max_regs]): every tile the launcher may
@@ -495,7 +455,7 @@ def test_float8_pools_read_as_their_bytes():
     q, segments, sinks = make_case(5, 64, "fp8", True, True, seed=41)
     as_bytes = run_kernel(q, segments, sinks, SM_SCALE)
     typed = [
-        (Pool(pool.cache.view(torch.float8_e4m3fn), pool.cpu_cache, pool.rows), i, n)
+        (Pool(pool.cache.view(torch.float8_e4m3fn), pool.rows), i, n)
         for pool, i, n in segments
     ]
     as_fp8 = run_kernel(q, typed, sinks, SM_SCALE)

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tests.v1.attention.dsv41 import sparse_mla_reference as reference
-from tests.v1.attention.dsv41.sparse_mla_reference import (
+from tests.v1.attention.dsv41.fp8_ds_mla_pool import (
     alloc_fp8_ds_mla_pool,
     fp8_ds_mla_round_trip,
     write_fp8_ds_mla,
@@ -559,8 +559,6 @@ def _stand_ins(world: World) -> Iterator[None]:
             return reference.reference_sparse_mla_dsv4(**kwargs, backend="sparse")
 
         put(sparse_mla_launcher, "run_triton", triton_on_cpu)
-        # The Triton kernel serves every page size; FlashInfer's table does not.
-        put(reference, "_sm120_decode_table", lambda: None)
         if hasattr(fi, "_get_flashinfer_dsv4_workspace"):
             put(
                 fi,

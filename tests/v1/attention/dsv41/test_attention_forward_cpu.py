@@ -35,20 +35,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.v1.attention.dsv41.flashinfer_release import fixed_pages
+from tests.v1.attention.dsv41.fp8_ds_mla_pool import (
+    alloc_fp8_ds_mla_pool,
+    alloc_plain_pool,
+    fp8_ds_mla_round_trip,
+    write_fp8_ds_mla,
+    write_plain_pool,
+)
 from tests.v1.attention.dsv41.index_reference import (
     reference_build_flashinfer_mixed_sparse_indices,
     reference_compute_global_topk_indices_and_lens,
     reference_sparse_swa_metadata,
 )
 from tests.v1.attention.dsv41.sparse_mla_reference import (
-    alloc_fp8_ds_mla_pool,
-    alloc_plain_pool,
     dense_attention_oracle,
-    fp8_ds_mla_round_trip,
     reference_sparse_mla_dsv4,
-    write_fp8_ds_mla,
-    write_plain_pool,
 )
 from vllm.models.deepseek_v41.common.ops import cache_utils
 from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import SparseMLAKernel
@@ -476,17 +477,3 @@ def test_attention_forward_matches_dense(name: str, patched) -> None:
         )
         expected_calls += 1 if case.decodes else 0
         assert len(calls) == expected_calls
-
-
-@fixed_pages
-def test_sm120_decode_on_upstream_32_token_swa_pages_is_refused(patched) -> None:
-    """vLLM pages the SWA cache in 32 tokens; FlashInfer 0.6.x has
-    no SM120 decode kernel for that, and the reference refuses it the same way
-    (the crash FlashInfer 0.6's fixed pages cause)."""
-    case = Case("sm120", [(40, 1), (100, 1)], [], 16, 2, swa_page=32)
-    world = _build(case, random.SystemRandom().randrange(2**31))
-    layer = _make_layer(world)
-    patched(layer, "sparse", world.attn_metadata)
-    output = torch.empty((world.q.shape[0], 16, D), dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="page_block_size=32"):
-        layer.forward_mqa(world.q, torch.empty(0), world.positions, output)

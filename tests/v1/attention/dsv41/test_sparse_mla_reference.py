@@ -20,21 +20,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.v1.attention.dsv41.flashinfer_release import FIXED_SM120_PAGE
+from tests.v1.attention.dsv41.fp8_ds_mla_pool import (
+    alloc_fp8_ds_mla_pool,
+    alloc_plain_pool,
+    fp8_ds_mla_round_trip,
+    read_fp8_ds_mla,
+    write_fp8_ds_mla,
+    write_plain_pool,
+)
 from tests.v1.attention.dsv41.index_reference import (
     reference_build_flashinfer_mixed_sparse_indices,
     reference_compute_global_topk_indices_and_lens,
     reference_sparse_swa_metadata,
 )
 from tests.v1.attention.dsv41.sparse_mla_reference import (
-    alloc_fp8_ds_mla_pool,
-    alloc_plain_pool,
     dense_attention_oracle,
-    fp8_ds_mla_round_trip,
-    read_fp8_ds_mla,
     reference_sparse_mla_dsv4,
-    write_fp8_ds_mla,
-    write_plain_pool,
 )
 
 WINDOW = 128
@@ -548,7 +549,6 @@ def test_sm120_prefill_sized_batch_and_4d_query(seed: int) -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        "page32_decode",
         "bmm2",
         "tensor_bmm1",
         "bf16_pool",
@@ -558,7 +558,7 @@ def test_sm120_prefill_sized_batch_and_4d_query(seed: int) -> None:
     ],
 )
 def test_sm120_rejects_what_flashinfer_rejects(change: str) -> None:
-    page = 32 if change == "page32_decode" else 64
+    page = 64
     heads = 24 if change == "heads24" else 16
     pool = alloc_fp8_ds_mla_pool(4, page)
     kwargs = dict(
@@ -579,10 +579,6 @@ def test_sm120_rejects_what_flashinfer_rejects(change: str) -> None:
     elif change == "extra_without_lens":
         kwargs["compressed_kv_cache"] = pool
         kwargs["extra_sparse_indices"] = torch.full((2, 8), -1, dtype=torch.int32)
-    if change == "page32_decode" and FIXED_SM120_PAGE is None:
-        # FlashInfer 0.7 takes any page: so does the reference.
-        reference_sparse_mla_dsv4(**kwargs)
-        return
     with pytest.raises(ValueError):
         reference_sparse_mla_dsv4(**kwargs)
 

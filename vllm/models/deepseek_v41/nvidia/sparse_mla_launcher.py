@@ -2,59 +2,19 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The sparse-MLA kernel call of DeepSeek V4.1's two-segment layers.
 
-The SM120 attention layer calls :func:`launch` with FlashInfer's
+The two-segment attention layers call :func:`launch` with FlashInfer's
 ``trtllm_batch_decode_sparse_mla_dsv4`` keywords and the kernel chosen for
-it when it was built: FlashInfer's SM120 kernel, or the portable Triton
-kernel with the same contract where FlashInfer has none for the GPU or the
-decode shape.
+the layer when it was built: FlashInfer's SM120 kernel, or the portable
+Triton kernel with the same contract.
 """
 
 from typing import Any
 
 import torch
 
-from vllm.logger import init_logger
-from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import (
-    TRITON_MIN_CAPABILITY,
-    SparseMLAKernel,
-)
-from vllm.platforms import current_platform
+from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import SparseMLAKernel
 from vllm.utils import flashinfer as flashinfer_utils
 from vllm.v1.attention.ops.triton_dsv41_sparse_mla import triton_sparse_mla_dsv41
-
-logger = init_logger(__name__)
-
-
-def choose_kernel(num_q_heads: int, top_k: int) -> SparseMLAKernel:
-    """FlashInfer's SM120 kernel where it is built for this GPU and decode
-    shape, else the Triton kernel; raise on a GPU neither runs on."""
-    capability = current_platform.get_device_capability()
-    if capability is None or capability.to_int() < TRITON_MIN_CAPABILITY:
-        found = f"this GPU is SM{capability.to_int()}" if capability else "no GPU"
-        raise ValueError(
-            "DeepSeek V4.1's two-segment sparse MLA runs on SM12x through "
-            f"FlashInfer and from SM{TRITON_MIN_CAPABILITY} on through the "
-            f"portable Triton kernel; {found}. Choose another "
-            "--attention-backend."
-        )
-    on_sm12x = capability.major == 12
-    if on_sm12x and flashinfer_utils.has_flashinfer_sparse_mla_sm120_config(
-        num_q_heads, top_k
-    ):
-        return SparseMLAKernel.FLASHINFER_SM120
-    lacking = (
-        f"FlashInfer has no SM120 sparse-MLA decode kernel for {num_q_heads} "
-        f"heads with top-k {top_k}"
-        if on_sm12x
-        else "FlashInfer's two-segment sparse-MLA kernels need an SM12x GPU"
-    )
-    logger.warning_once(
-        "%s, so the portable Triton kernel runs DeepSeek V4.1's sparse MLA. "
-        "For FlashInfer's kernel on SM12x, install a FlashInfer built for "
-        "this shape or change the speculative token count.",
-        lacking,
-    )
-    return SparseMLAKernel.TRITON
 
 
 def run_triton(

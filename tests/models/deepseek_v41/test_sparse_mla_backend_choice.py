@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Which layer and kernel DeepSeek V4.1 builds for TRITON_MLA_SPARSE_DSV41
+and FLASHINFER_MLA_SPARSE_DSV41 on each GPU, and what it refuses.
+
+Every decoder layer is built as the model builds it (on the meta device, the
+GPU mocked at the platform boundary), and a configuration it accepts goes
+through vLLM's KV-cache planning, metadata builders and KV binding.
+"""
+
+import pytest
+
+from tests.models.deepseek_v41.test_block_size_binding import (  # noqa: F401
+    bind,
+    build_model,
+    on_gpu,
+    single_rank,
+)
+from vllm.config import get_layers_from_vllm_config
+from vllm.models.deepseek_v41.attention import DeepseekV4Attention
+from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
+    DeepseekV4FlashInferSM120Attention,
+)
+from vllm.models.deepseek_v41.nvidia.sparse_mla_kernel import SparseMLAKernel
+from vllm.models.deepseek_v41.nvidia.triton_sparse import (
+    DeepseekV4TritonMLAAttention,
+)
+from vllm.utils import flashinfer as flashinfer_utils
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+# The name exists where the Triton backend's edits apply; the older base's
+# Triton kernel runs where its page policy sends it, under FlashInfer's name.
+pytestmark = [pytest.mark.cpu_test, pytest.mark.default_base_only]
+
+TRITON = "TRITON_MLA_SPARSE_DSV41"
+FLASHINFER = "FLASHINFER_MLA_SPARSE_DSV41"
+HOPPER_AND_SM12X = [(9, 0), (12, 0), (12, 1)]
+
+
+def attention_layers(config) -> list[DeepseekV4Attention]:
+    layers = get_layers_from_vllm_config(config, DeepseekV4Attention)
+    assert len(layers) == 40
+    return list(layers.values())
+
+
+def test_the_name_resolves_to_the_triton_layers_backend():
+    backend = AttentionBackendEnum[TRITON].get_class()
+    assert backend is DeepseekV4TritonMLAAttention.backend_cls
+    assert backend.get_name() == TRITON
+
+
+@pytest.mark.parametrize("block_size", [None, 64])
+@pytest.mark.parametrize("gpu", HOPPER_AND_SM12X)
+def test_triton_backend_builds_binds_and_runs_triton(on_gpu, gpu, block_size):
+    on_gpu(gpu)
+    config = build_model(gpu, TRITON, block_size)
+    for layer in attention_layers(config):
+        assert type(layer) is DeepseekV4TritonMLAAttention
+        assert layer.sparse_mla_kernel is SparseMLAKernel.TRITON
+    bind(config)
+
+
+@pytest.mark.parametrize("gpu", HOPPER_AND_SM12X)
+def test_triton_backend_needs_no_flashinfer_kernel(on_gpu, monkeypatch, gpu):
+    monkeypatch.setattr(
+        flashinfer_utils, "has_flashinfer_sparse_mla_sm120_config", lambda h, k: False
+    )
+    on_gpu(gpu)
+    bind(build_model(gpu, TRITON, None))
+
+
+@pytest.mark.parametrize(
+    "gpu,backend",
+    [
+        ((8, 9), TRITON),
+        ((10, 0), TRITON),
+        ((10, 3), TRITON),
+        ((11, 0), TRITON),
+        ((8, 9), FLASHINFER),
+        ((9, 0), FLASHINFER),
+    ],
+)
+def test_a_backend_is_refused_on_a_gpu_it_has_no_kernel_for(on_gpu, gpu, backend):
+    on_gpu(gpu)
+    sm = f"SM{gpu[0]}{gpu[1]}"
+    with pytest.raises(ValueError) as refused:
+        build_model(gpu, backend, None)
+    assert str(refused.value) == (
+        f"--attention-backend {backend} has no DeepSeek V4.1 kernel for {sm} GPUs. "
+        "Leave --attention-backend unset for this GPU's default, or choose a "
+        "backend built for it."
+    )
+
+
+@pytest.mark.parametrize("gpu", [(12, 0), (12, 1)])
+@pytest.mark.parametrize("backend", [None, FLASHINFER])
+def test_flashinfer_on_sm12x_runs_flashinfers_kernel(on_gpu, gpu, backend):
+    on_gpu(gpu)
+    config = build_model(gpu, backend, None)
+    for layer in attention_layers(config):
+        assert type(layer) is DeepseekV4FlashInferSM120Attention
+        assert layer.sparse_mla_kernel is SparseMLAKernel.FLASHINFER_SM120
+    bind(config)
+
+
+def test_a_shape_flashinfer_lacks_is_refused_naming_the_triton_backend(
+    on_gpu, monkeypatch
+):
+    asked = []
+
+    def has_config(num_heads: int, top_k: int) -> bool:
+        asked.append((num_heads, top_k))
+        return False
+
+    monkeypatch.setattr(
+        flashinfer_utils, "has_flashinfer_sparse_mla_sm120_config", has_config
+    )
+    on_gpu((12, 1))
+    with pytest.raises(RuntimeError) as refused:
+        build_model((12, 1), None, None)
+    # DeepSeek V4.1 Flash on one GPU: 64 heads, and the sliding window of 128.
+    assert asked == [(64, 128)]
+    assert str(refused.value) == (
+        "FLASHINFER_MLA_SPARSE_DSV41 needs a FlashInfer SM120 sparse-MLA decode "
+        "kernel for 64 heads at top-k 128, which the installed FlashInfer lacks. "
+        "Install a FlashInfer that has it (flashinfer-ai/flashinfer#4380), or use "
+        "--attention-backend TRITON_MLA_SPARSE_DSV41."
+    )
