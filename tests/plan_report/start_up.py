@@ -12,9 +12,21 @@ from vllm.platforms import current_platform
 from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 
 
+def two_segment_backend(major: int) -> str:
+    """The --attention-backend that builds a two-segment sparse-MLA layer on
+    a GPU of ``major``: the Triton backend's off Blackwell where vLLM has it
+    (elsewhere FlashInfer's name runs the Triton kernel off Blackwell)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    triton = "TRITON_MLA_SPARSE_DSV41"
+    if major not in (10, 12) and triton in AttentionBackendEnum.__members__:
+        return triton
+    return "FLASHINFER_MLA_SPARSE_DSV41"
+
+
 def layer_class(capability):
-    """The attention class the model builds with FLASHINFER_MLA_SPARSE_DSV41
-    on the (mocked) GPU: upstream's ``_select_dsv4_attn_cls``."""
+    """The attention class the model builds with ``two_segment_backend`` on
+    the (mocked) GPU: upstream's ``_select_dsv4_attn_cls``."""
     from types import SimpleNamespace
 
     from vllm.models.deepseek_v41.nvidia.model import _select_dsv4_attn_cls
@@ -23,7 +35,7 @@ def layer_class(capability):
     assert current_platform.get_device_capability() == capability
     config = SimpleNamespace(
         attention_config=SimpleNamespace(
-            backend=AttentionBackendEnum.FLASHINFER_MLA_SPARSE_DSV41
+            backend=AttentionBackendEnum[two_segment_backend(capability.major)]
         ),
         parallel_config=SimpleNamespace(prefill_context_parallel_size=1),
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.plan_report.start_up import two_segment_backend
 from vllm_dsv41_plan import report
 
 CAPABILITIES = ["9.0", "10.0", "12.0", "12.1"]
@@ -32,7 +33,7 @@ def _answers(capsys) -> dict[str, dict]:
             [
                 "plan",
                 "--attention-backend",
-                "FLASHINFER_MLA_SPARSE_DSV41",
+                two_segment_backend(int(capability.split(".")[0])),
                 "--capability",
                 capability,
                 "--json",

@@ -38,7 +38,7 @@ def _checked_rows():
 
 
 def test_the_table_has_its_rows():
-    assert len(_rows()) == 6
+    assert len(_rows()) == 8
     assert len(_checked_rows()) >= 3
 
 

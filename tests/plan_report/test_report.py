@@ -6,16 +6,17 @@ import json
 
 import pytest
 
-from tests.plan_report.start_up import vllms_default_block_size
+from tests.plan_report.start_up import two_segment_backend, vllms_default_block_size
 from tests.v1.attention.dsv41.flashinfer_release import FIXED_SM120_PAGE, fixed_pages
 from vllm_dsv41_plan import report
 
-# The FlashInfer layers' plans; the default classes have tests of their own.
-FLASHINFER = ["--attention-backend", "FLASHINFER_MLA_SPARSE_DSV41"]
 
-
+# The two-segment layers' plans; the default classes have tests of their own.
 def _plan(capsys, *args: str) -> tuple[int, dict]:
-    code = report.main(["plan", *FLASHINFER, *args, "--json"])
+    """The report's JSON for the two-segment layer on the GPU ``args`` name."""
+    major = int(args[args.index("--capability") + 1].split(".")[0])
+    backend = ["--attention-backend", two_segment_backend(major)]
+    code = report.main(["plan", *backend, *args, "--json"])
     return code, json.loads(capsys.readouterr().out)
 
 
@@ -90,7 +91,9 @@ def test_triton_path_is_reported(capsys, args, note):
     code, plan = _plan(capsys, *args)
     assert code == 0
     assert "Triton" in plan["kernel_path"]
-    assert plan["attention_class"].endswith("DeepseekV4FlashInferSM120Attention")
+    assert plan["attention_class"].endswith(
+        ("DeepseekV4FlashInferSM120Attention", "DeepseekV4TritonMLAAttention")
+    )
     assert (note is None) == (plan["note"] is None)
     if note:
         assert note in plan["note"]

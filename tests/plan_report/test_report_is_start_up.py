@@ -11,7 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.plan_report.start_up import layer_class, vllms_default_block_size
+from tests.plan_report.start_up import (
+    layer_class,
+    two_segment_backend,
+    vllms_default_block_size,
+)
 from vllm.config import CacheConfig, DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.models.deepseek_v41 import attention
 from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
@@ -45,7 +49,8 @@ def test_the_records_are_the_layers():
 def test_the_specs_are_the_layers(set_capability, family):
     capability = set_capability(*family)
     layer_cls = layer_class(capability)
-    assert report.layer_class(capability, "FLASHINFER_MLA_SPARSE_DSV41") is layer_cls
+    backend = two_segment_backend(capability.major)
+    assert report.layer_class(capability, backend) is layer_cls
     block_size = vllms_default_block_size(capability)
     assert report.default_block_size(layer_cls, capability) == block_size
     mxfp8 = attention._use_v41_mxfp8_kv_record()

@@ -566,8 +566,7 @@ EDITS: tuple[Edit, ...] = (
         INSERT_AFTER,
         """
         TRITON_MLA_SPARSE_DSV41 = (
-            "vllm.models.deepseek_v41.nvidia.triton_sparse."
-            "DeepseekV4TritonMLASparseBackend"
+            "vllm.models.deepseek_v41.nvidia.triton_sparse.DeepseekV4TritonMLASparseBackend"
         )
         """,
         TRITON,

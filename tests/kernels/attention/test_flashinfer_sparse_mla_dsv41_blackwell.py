@@ -141,7 +141,7 @@ def _policy() -> Any:
 def _plan(num_heads: int | None = None, swa_topk: int = WINDOW) -> Any:
     """The kernel and pages of the two-segment or TRTLLM-gen layer on this
     GPU: the page policy's plan where there is one, else the layer's own
-    choice (``choose_kernel``) on upstream's pages."""
+    choice on upstream's pages."""
     capability = _capability()
     assert capability is not None
     if (policy := _policy()) is not None:
@@ -154,12 +154,14 @@ def _plan(num_heads: int | None = None, swa_topk: int = WINDOW) -> Any:
             kv_cache_dtype="fp8",
             swa_topk=swa_topk,
         )
-    from vllm.models.deepseek_v41.nvidia import sparse_mla_launcher
-
     if capability.major == 10:
         kernel = SparseMLAKernel.TRTLLM_GEN
+    elif capability.major == 12:
+        layer = fi.DeepseekV4FlashInferSM120Attention
+        kernel = layer.choose_sparse_mla_kernel(num_heads or 64, swa_topk)
     else:
-        kernel = sparse_mla_launcher.choose_kernel(num_heads or 64, swa_topk)
+        # Off Blackwell the two-segment layer is TRITON_MLA_SPARSE_DSV41's.
+        kernel = SparseMLAKernel.TRITON
     return SimpleNamespace(
         kernel=kernel,
         swa_block_size=UPSTREAM_SWA_PAGE,

@@ -10,12 +10,7 @@ through vLLM's KV-cache planning, metadata builders and KV binding.
 
 import pytest
 
-from tests.models.deepseek_v41.test_block_size_binding import (  # noqa: F401
-    bind,
-    build_model,
-    on_gpu,
-    single_rank,
-)
+from tests.models.deepseek_v41 import test_block_size_binding as binding
 from vllm.config import get_layers_from_vllm_config
 from vllm.models.deepseek_v41.attention import DeepseekV4Attention
 from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
@@ -31,6 +26,10 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 # The name exists where the Triton backend's edits apply; the older base's
 # Triton kernel runs where its page policy sends it, under FlashInfer's name.
 pytestmark = [pytest.mark.cpu_test, pytest.mark.default_base_only]
+
+# The binding test's GPU mock and one-rank group; its model build and binding.
+on_gpu, single_rank = binding.on_gpu, binding.single_rank
+build_model, bind = binding.build_model, binding.bind
 
 TRITON = "TRITON_MLA_SPARSE_DSV41"
 FLASHINFER = "FLASHINFER_MLA_SPARSE_DSV41"
