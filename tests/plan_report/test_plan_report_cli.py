@@ -3,10 +3,12 @@
 """The plan report as a user runs it: a subprocess, bad and edge inputs, its
 exit status (0 served, 1 refused, 2 usage) and the first line of its answer.
 
-Each kind of answer runs as a subprocess (a fresh interpreter that imports
-vLLM: seconds apiece); more inputs of each kind run through the same
-``main`` in-process, at the end."""
+One case of each kind of answer, and each --json case, runs as a
+subprocess (a fresh interpreter that imports vLLM: seconds apiece); the
+other cases run through the same ``main`` in this process."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -14,6 +16,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -128,15 +131,32 @@ def _config_args(name: str, config, tmp: Path) -> list[str]:
 FLASHINFER = ["--attention-backend", "FLASHINFER_MLA_SPARSE_DSV41"]
 
 
-def _run(name: str, case: Case, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+def _args(name: str, case: Case, tmp: Path, *extra: str) -> list[str]:
     args = ["plan", *FLASHINFER, *case.args, *extra]
     if name == "config-missing":
-        args += ["--config", str(tmp / "absent.json")]
-    else:
-        args += _config_args(name, case.config, tmp)
+        return [*args, "--config", str(tmp / "absent.json")]
+    return [*args, *_config_args(name, case.config, tmp)]
+
+
+def _run(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
     # Outside the checkout: the command imports as installed.
     return subprocess.run(
         [*COMMAND, *args], capture_output=True, text=True, timeout=300, cwd=tmp
+    )
+
+
+def _run_main(args: list[str]) -> SimpleNamespace:
+    """The command's main() in this process, as a subprocess would end."""
+    from vllm_dsv41_plan import report
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = report.main(args)
+        except SystemExit as e:
+            status = e.code
+    return SimpleNamespace(
+        returncode=status, stdout=out.getvalue(), stderr=err.getvalue()
     )
 
 
@@ -144,23 +164,31 @@ def _run(name: str, case: Case, tmp: Path, *extra: str) -> subprocess.CompletedP
 # tests several releases can ask for a few cases on all but one (each case is
 # a fresh interpreter that imports vLLM: seconds apiece).
 FEW = ("tp-3-of-128", "nested-text-config")
-# --json for one case of each kind of answer (each case is a fresh process):
-# refused, served, a usage error; main() in-process covers the rest below.
+# --json for one case of each kind of answer (each a fresh process): refused,
+# served, a usage error.
 JSON_CASES = ("block-32", "nested-text-config", "config-malformed")
 if os.environ.get("DSV41_PLAN_REPORT_CASES") == "few":
     CASES = {n: c for n, c in CASES.items() if n in FEW}
 
 
+# A fresh interpreter (seconds apiece) for one case of each exit status and
+# for --json; main() in this process answers the other cases.
+SUBPROCESS_CASES = ("capability-word", "block-32", "nested-text-config")
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """Every case as text, one of each kind of answer also with --json, run
-    as subprocesses two at a time."""
+    """Every case as text, one of each kind of answer also with --json; the
+    subprocesses two at a time."""
     tmp = tmp_path_factory.mktemp("configs")
-    jobs = [(n, c, ()) for n, c in CASES.items()]
-    jobs += [(n, c, ("--json",)) for n, c in CASES.items() if n in JSON_CASES]
+    jobs = {(n, False): _args(n, c, tmp) for n, c in CASES.items()}
+    jobs |= {(n, True): _args(n, CASES[n], tmp, "--json") for n in JSON_CASES}
+    fresh = [k for k in jobs if k[0] in SUBPROCESS_CASES or k[1]]
+    done = {k: _run_main(args) for k, args in jobs.items() if k not in fresh}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = list(pool.map(lambda job: _run(job[0], job[1], tmp, *job[2]), jobs))
-    return {(n, bool(flags)): r for (n, _, flags), r in zip(jobs, done, strict=True)}
+        ran = pool.map(lambda k: _run(jobs[k], tmp), fresh)
+        done |= dict(zip(fresh, ran, strict=True))
+    return done
 
 
 @pytest.mark.parametrize("name", list(CASES))

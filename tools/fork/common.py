@@ -235,13 +235,27 @@ def on_base(path: str | Path, base: str | None = None) -> bool:
     """Whether the repository file ``path`` belongs to ``base`` (default: the
     pin's): a file some concern lists does only where one of them is in the
     base's series (the page policy and its tests are the backport's alone)."""
+    base = base or load_pin().VLLM_VERSION
+    if not within_bases(path, base):
+        return False
     listed = [
         concern
         for concern, patterns in series()["files"].items()
         if any(fnmatch.fnmatch(str(path), p) for p in patterns)
     ]
-    prs = series()["pull_requests"][base or load_pin().VLLM_VERSION].values()
+    prs = series()["pull_requests"][base].values()
     return not listed or any(c in listed for pr in prs for c in pr)
+
+
+def within_bases(path: str | Path, base: str) -> bool:
+    """False for a file series.toml's ``only_on`` keeps to other bases than
+    ``base`` (a module whose upstream hooks only some bases' edits add)."""
+    only_on = series().get("only_on", {})
+    return all(
+        base in bases
+        for pattern, bases in only_on.items()
+        if fnmatch.fnmatch(str(path), pattern)
+    )
 
 
 def new_module_files(

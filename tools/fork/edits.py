@@ -706,14 +706,14 @@ EDITS: tuple[Edit, ...] = (
         bases=DEFAULT,
     ),
     # The older base: FlashInfer 0.6's SM120 kernels lack some shapes, so its
-    # page policy runs the Triton kernel where they do, and on SM89/SM90.
+    # page policy runs the Triton kernel where they do, and on SM90.
     Edit(
         FLASHINFER,
         f"{FI_BACKEND}.supports_compute_capability",
         REPLACE,
         "capability.to_int() >= sparse_mla_kernel.TRITON_MIN_CAPABILITY",
         TRITON,
-        "the backend runs from SM89 on, through the Triton kernel off Blackwell",
+        "the backend runs from SM90 on, through the Triton kernel off Blackwell",
         anchor="capability.major in [10, 12]",
         bases=BACKPORT,
     ),
@@ -760,7 +760,7 @@ EDITS: tuple[Edit, ...] = (
         """
         device_capability.major != 10:
             # Off SM10x the two-segment layer runs, on FlashInfer's SM120
-            # kernels or the portable Triton kernel (SM89, SM90).
+            # kernels or the portable Triton kernel (SM90).
             return DeepseekV4FlashInferSM120Attention
         return DeepseekV4FlashInferMLAAttention
         """,

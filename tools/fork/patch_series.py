@@ -33,6 +33,7 @@ from tools.fork.common import (  # noqa: E402
     select_base,
     series,
     upstream_wheel,
+    within_bases,
 )
 from tools.fork.edit_engine import apply_edits  # noqa: E402
 from tools.fork.edits import EDITS, INDEXER, PAGES  # noqa: E402
@@ -71,11 +72,10 @@ def pull_requests(base: str) -> dict[str, list[str]]:
 def _concern_of(path: str, base: str | None = None) -> str | None:
     """The first concern, in ``base``'s order (default: the pin's), whose
     files include ``path``."""
-    if any(fnmatch.fnmatch(path, p) for p in FORK_ONLY):
+    base = base or load_pin().VLLM_VERSION
+    if any(fnmatch.fnmatch(path, p) for p in FORK_ONLY) or not within_bases(path, base):
         return None
-    order = [
-        c for pr in pull_requests(base or load_pin().VLLM_VERSION).values() for c in pr
-    ]
+    order = [c for pr in pull_requests(base).values() for c in pr]
     for concern in order:
         if any(fnmatch.fnmatch(path, p) for p in _SERIES["files"][concern]):
             return concern

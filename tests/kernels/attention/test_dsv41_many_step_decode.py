@@ -49,7 +49,7 @@ def _gpu_runs() -> list[tuple[str, str]]:
 
 @pytest.mark.skipif(
     not _gpu_runs(),
-    reason="needs a CUDA GPU the two-segment class runs on (SM89+, not SM10x); "
+    reason="needs a CUDA GPU the two-segment class runs on (SM90+, not SM10x); "
     "runs in the Buildkite H100, RTX PRO 6000 and DGX Spark steps",
 )
 @pytest.mark.parametrize(

@@ -23,9 +23,7 @@ from vllm.models.deepseek_v41.nvidia.triton_sparse import (
 from vllm.utils import flashinfer as flashinfer_utils
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-# The name exists where the Triton backend's edits apply; the older base's
-# Triton kernel runs where its page policy sends it, under FlashInfer's name.
-pytestmark = [pytest.mark.cpu_test, pytest.mark.default_base_only]
+pytestmark = pytest.mark.cpu_test
 
 # The binding test's GPU mock and one-rank group; its model build and binding.
 on_gpu, single_rank = binding.on_gpu, binding.single_rank

@@ -159,7 +159,7 @@ def plan_pages(
         return _triton_plan(capability)
     served = "SM10x (B200, GB200) and SM12x (RTX 50xx, RTX PRO 6000, GB10)"
     served += (
-        f", and from SM{TRITON_MIN_CAPABILITY} on (L40S, H100, H200) through the "
+        f", and from SM{TRITON_MIN_CAPABILITY} on (H100, H200) through the "
         "portable Triton kernel"
     )
     raise UnsupportedSparseMLAConfig(
