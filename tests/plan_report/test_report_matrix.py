@@ -21,16 +21,20 @@ pytestmark = pytest.mark.default_base_only
 NVIDIA = [case for case in binding.GPU_BACKENDS if case.values[0] != binding.ROCM]
 
 
-@pytest.mark.parametrize("block_size", binding.BLOCK_SIZES)
-@pytest.mark.parametrize("gpu,backend", NVIDIA)
-def test_the_report_says_what_start_up_does(on_gpu, gpu, backend, block_size):  # noqa: F811
-    on_gpu(gpu)
-    ours = report.make_plan(
+def _plan(gpu, backend: str | None, block_size: int | None) -> report.Plan:
+    return report.make_plan(
         DeviceCapability(*gpu),
         binding.HF_CONFIG,
         block_size=block_size,
         attention_backend=backend,
     )
+
+
+@pytest.mark.parametrize("block_size", binding.BLOCK_SIZES)
+@pytest.mark.parametrize("gpu,backend", NVIDIA)
+def test_the_report_says_what_start_up_does(on_gpu, gpu, backend, block_size):  # noqa: F811
+    on_gpu(gpu)
+    ours = _plan(gpu, backend, block_size)
     layer_cls = binding.layer_class(gpu, backend)
     assert ours.attention_class.endswith(f".{layer_cls.__name__}")
     assert ours.error == binding.refusal(gpu, backend, block_size)
@@ -55,12 +59,7 @@ def test_the_report_refuses_a_backend_where_start_up_does(
     block_size,
 ):
     on_gpu(gpu)
-    ours = report.make_plan(
-        DeviceCapability(*gpu),
-        binding.HF_CONFIG,
-        block_size=block_size,
-        attention_backend=backend,
-    )
+    ours = _plan(gpu, backend, block_size)
     assert ours.error == binding.refusal(gpu, backend, block_size)
     if ours.error is None:
         assert ours.kernel_path == report.KERNEL_PATHS["triton"]

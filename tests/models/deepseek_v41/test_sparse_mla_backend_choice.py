@@ -31,7 +31,8 @@ build_model, bind = binding.build_model, binding.bind
 
 TRITON = "TRITON_MLA_SPARSE_DSV41"
 FLASHINFER = "FLASHINFER_MLA_SPARSE_DSV41"
-HOPPER_AND_SM12X = [(9, 0), (12, 0), (12, 1)]
+SM12X = [(12, 0), (12, 1)]
+HOPPER_AND_SM12X = [(9, 0), *SM12X]
 
 
 def attention_layers(config) -> list[DeepseekV4Attention]:
@@ -46,14 +47,33 @@ def test_the_name_resolves_to_the_triton_layers_backend():
     assert backend.get_name() == TRITON
 
 
-@pytest.mark.parametrize("block_size", [None, 64])
-@pytest.mark.parametrize("gpu", HOPPER_AND_SM12X)
-def test_triton_backend_builds_binds_and_runs_triton(on_gpu, gpu, block_size):
+TRITON_LAYER = (DeepseekV4TritonMLAAttention, SparseMLAKernel.TRITON)
+FLASHINFER_LAYER = (
+    DeepseekV4FlashInferSM120Attention,
+    SparseMLAKernel.FLASHINFER_SM120,
+)
+BUILDS = [
+    *(
+        (gpu, TRITON, size, TRITON_LAYER)
+        for gpu in HOPPER_AND_SM12X
+        for size in (None, 64)
+    ),
+    *(
+        (gpu, name, None, FLASHINFER_LAYER)
+        for gpu in SM12X
+        for name in (None, FLASHINFER)
+    ),
+]
+
+
+@pytest.mark.parametrize("gpu,backend,block_size,built", BUILDS)
+def test_each_backend_builds_its_layer_and_kernel_and_binds(
+    on_gpu, gpu, backend, block_size, built
+):
     on_gpu(gpu)
-    config = build_model(gpu, TRITON, block_size)
+    config = build_model(gpu, backend, block_size)
     for layer in attention_layers(config):
-        assert type(layer) is DeepseekV4TritonMLAAttention
-        assert layer.sparse_mla_kernel is SparseMLAKernel.TRITON
+        assert (type(layer), layer.sparse_mla_kernel) == built
     bind(config)
 
 
@@ -87,17 +107,6 @@ def test_a_backend_is_refused_on_a_gpu_it_has_no_kernel_for(on_gpu, gpu, backend
         "Leave --attention-backend unset for this GPU's default, or choose a "
         "backend built for it."
     )
-
-
-@pytest.mark.parametrize("gpu", [(12, 0), (12, 1)])
-@pytest.mark.parametrize("backend", [None, FLASHINFER])
-def test_flashinfer_on_sm12x_runs_flashinfers_kernel(on_gpu, gpu, backend):
-    on_gpu(gpu)
-    config = build_model(gpu, backend, None)
-    for layer in attention_layers(config):
-        assert type(layer) is DeepseekV4FlashInferSM120Attention
-        assert layer.sparse_mla_kernel is SparseMLAKernel.FLASHINFER_SM120
-    bind(config)
 
 
 def test_a_shape_flashinfer_lacks_is_refused_naming_the_triton_backend(
