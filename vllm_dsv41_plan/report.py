@@ -492,9 +492,12 @@ def make_plan(
             )
             check_block_size(layer_cls, specs, block_size)
             # The two-segment layer chooses its kernel once its caches exist.
-            kernel_path = kernel_path or KERNEL_PATHS[
-                layer_kernel(layer_cls, capability, padded_heads, swa_topk)
-            ]
+            kernel_path = (
+                kernel_path
+                or KERNEL_PATHS[
+                    layer_kernel(layer_cls, capability, padded_heads, swa_topk)
+                ]
+            )
     except (ValueError, RuntimeError) as e:
         report.error = str(e)
         return report
