@@ -182,7 +182,11 @@ def results(tmp_path_factory):
     subprocesses two at a time."""
     tmp = tmp_path_factory.mktemp("configs")
     jobs = {(n, False): _args(n, c, tmp) for n, c in CASES.items()}
-    jobs |= {(n, True): _args(n, CASES[n], tmp, "--json") for n in JSON_CASES}
+    jobs |= {
+        (n, True): _args(n, c, tmp, "--json")
+        for n, c in CASES.items()
+        if n in JSON_CASES
+    }
     fresh = [k for k in jobs if k[0] in SUBPROCESS_CASES or k[1]]
     done = {k: _run_main(args) for k, args in jobs.items() if k not in fresh}
     with ThreadPoolExecutor(max_workers=2) as pool:
