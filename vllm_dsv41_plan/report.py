@@ -458,12 +458,14 @@ def make_plan(
             )
             report.attention_class = f"{layer_cls.__module__}.{layer_cls.__name__}"
             backend = layer_cls.backend_cls
-            if not backend.supports_compute_capability(capability):
+            # A backend that pages by the page policy hears its refusal there.
+            paged = hasattr(backend, "paged_backends")
+            if not paged and not backend.supports_compute_capability(capability):
                 raise ValueError(
                     f"{backend.get_name()} does not run on SM{capability.to_int()}; "
                     "choose another --attention-backend."
                 )
-            if backend is flashinfer and hasattr(backend, "paged_backends"):
+            if backend is flashinfer and paged:
                 # A vLLM whose backend pages its caches by the page policy.
                 pages = importlib.import_module(
                     "vllm.models.deepseek_v41.nvidia.sparse_mla_pages"

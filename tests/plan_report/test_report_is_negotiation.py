@@ -38,3 +38,24 @@ def test_layers_refuse_what_the_report_refuses(
         block_size=config.cache_config.block_size,
     )
     assert plan.error == str(built.value)
+
+
+def test_a_gpu_the_layers_refuse_is_refused_in_the_same_words(
+    set_capability, monkeypatch
+):
+    """SM89: the page policy's Triton kernel would run, DeepSeek V4.1's
+    DeepGEMM indexer would not."""
+    set_capability(8, 9)
+    monkeypatch.setattr(policy, "get_tensor_model_parallel_world_size", lambda: 1)
+    config = vllm_config_stand_in(cache_dtype="fp8")
+    with pytest.raises(policy.UnsupportedSparseMLAConfig, match="SM89") as built:
+        fi.DeepseekV4FlashInferSM120Attention(config, prefix="model.layers.1.attn")
+    hf = config.model_config.hf_config
+    hf.head_dim, hf.kv_source_layer_ids = 512, []
+    plan = report.make_plan(
+        policy.DeviceCapability(8, 9),
+        hf,
+        kv_cache_dtype="fp8",
+        attention_backend="FLASHINFER_MLA_SPARSE_DSV41",
+    )
+    assert plan.error == str(built.value)
