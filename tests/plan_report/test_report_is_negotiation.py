@@ -12,18 +12,21 @@ from vllm_dsv41_plan import report
 
 
 @pytest.mark.parametrize(
-    "tp, dtype, heads, match",
+    "gpu, tp, dtype, heads, match",
     [
-        (1, "fp8", 256, "cannot run 256 attention heads per GPU"),
-        (2, "bfloat16", 64, "--kv-cache-dtype bfloat16 is not served"),
+        ((12, 0), 1, "fp8", 256, "cannot run 256 attention heads per GPU"),
+        ((12, 0), 2, "bfloat16", 64, "--kv-cache-dtype bfloat16 is not served"),
+        # The page policy's Triton kernel would run on SM89; DeepSeek V4.1's
+        # DeepGEMM indexer would not.
+        ((8, 9), 1, "fp8", 64, "this GPU is SM89"),
     ],
 )
 def test_layers_refuse_what_the_report_refuses(
-    set_capability, monkeypatch, tp, dtype, heads, match
+    set_capability, monkeypatch, gpu, tp, dtype, heads, match
 ):
     """The layer and the plan report share one validation: the same setups
     fail with the same message."""
-    set_capability(12, 0)
+    set_capability(*gpu)
     monkeypatch.setattr(policy, "get_tensor_model_parallel_world_size", lambda: tp)
     config = vllm_config_stand_in(heads=heads, cache_dtype=dtype)
     with pytest.raises(policy.UnsupportedSparseMLAConfig, match=match) as built:
@@ -31,31 +34,11 @@ def test_layers_refuse_what_the_report_refuses(
     hf = config.model_config.hf_config
     hf.head_dim, hf.kv_source_layer_ids = 512, []
     plan = report.make_plan(
-        policy.DeviceCapability(12, 0),
+        policy.DeviceCapability(*gpu),
         hf,
         tensor_parallel_size=tp,
         kv_cache_dtype=dtype,
         block_size=config.cache_config.block_size,
-    )
-    assert plan.error == str(built.value)
-
-
-def test_a_gpu_the_layers_refuse_is_refused_in_the_same_words(
-    set_capability, monkeypatch
-):
-    """SM89: the page policy's Triton kernel would run, DeepSeek V4.1's
-    DeepGEMM indexer would not."""
-    set_capability(8, 9)
-    monkeypatch.setattr(policy, "get_tensor_model_parallel_world_size", lambda: 1)
-    config = vllm_config_stand_in(cache_dtype="fp8")
-    with pytest.raises(policy.UnsupportedSparseMLAConfig, match="SM89") as built:
-        fi.DeepseekV4FlashInferSM120Attention(config, prefix="model.layers.1.attn")
-    hf = config.model_config.hf_config
-    hf.head_dim, hf.kv_source_layer_ids = 512, []
-    plan = report.make_plan(
-        policy.DeviceCapability(8, 9),
-        hf,
-        kv_cache_dtype="fp8",
         attention_backend="FLASHINFER_MLA_SPARSE_DSV41",
     )
     assert plan.error == str(built.value)

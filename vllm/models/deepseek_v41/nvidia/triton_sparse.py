@@ -52,8 +52,7 @@ class DeepseekV4TritonMLASparseBackend(DeepseekV4FlashInferMLASparseBackend):
         use_mm_prefix: bool,
         device_capability: DeviceCapability,
     ) -> str | None:
-        if not cls.supports_compute_capability(device_capability):
-            return "TRITON_MLA_SPARSE_DSV41 requires SM90 or SM12x"
+        # The GPU is validate_configuration's own check, not a combination.
         if kv_cache_dtype not in ("fp8", "fp8_e4m3", "fp8_ds_mla"):
             return "kv_cache_dtype not supported"
         return None
