@@ -5,7 +5,8 @@ family without a GPU and report what decides their speed: registers, stack
 (spills), shared memory and, inside the main loop, local-memory traffic and
 the MMA instructions.
 
-    python benchmarks/kernels/inspect_dsv41_sparse_mla.py [--capability 90] [--bf16]
+    python benchmarks/kernels/inspect_dsv41_sparse_mla.py [--capability 90] [--bf16] \
+        [--split] [--kernel variant.py]
 
 Uses the installed Triton's ptxas and cuobjdump.
 """
@@ -92,6 +93,7 @@ def main() -> None:
     )
     ap.add_argument("--bf16", action="store_true", help="BF16 pools, not FP8")
     ap.add_argument("--split", action="store_true", help="the split-K variant")
+    ap.add_argument("--kernel", default=None, help="a copy of the kernel module")
     args = ap.parse_args()
     packed = not args.bf16
     limit = SHARED_BYTES_PER_BLOCK[args.capability]
@@ -104,7 +106,7 @@ def main() -> None:
         "| local ld/st per chunk | instructions per chunk | MMA per chunk |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---|")
-    kmod = load_kernel_module()
+    kmod = load_kernel_module(args.kernel)
     # The launcher's default tiles for this GPU, from its own choice.
     tiles = {
         kmod._default_tile(tokens, heads, packed, limit)

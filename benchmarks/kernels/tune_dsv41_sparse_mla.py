@@ -7,6 +7,14 @@ the installed kernel or on a copy of its module (a variant).
 
     python benchmarks/kernels/tune_dsv41_sparse_mla.py --out sweep.json \
         [--points 128x16,256x64] [--kernel variant.py]
+
+With ``--variants``, each ``--kernel`` copy runs its own launcher's default
+plan beside the installed module's and vLLM's FlashMLA, on the same inputs
+in the same process, several rounds in turn so that a drift of the card
+shows as spread rather than as a difference between variants:
+
+    python benchmarks/kernels/tune_dsv41_sparse_mla.py --out variants.json \
+        --variants --kernel a.py --kernel b.py --points 128x8,256x128
 """
 
 import argparse
@@ -126,18 +134,70 @@ def sweep(points: list[tuple[int, int]]) -> list[dict]:
     return rows
 
 
+def variants(points: list[tuple[int, int]], paths: list[str], rounds: int) -> list:
+    """Each module's default plan and FlashMLA at each point, ``rounds``
+    times in turn; every time with its float64 error."""
+    from tests.kernels.attention.dsv41_offline_compile import load_kernel_module
+
+    modules = [("installed", bench.K)]
+    modules += [(path, load_kernel_module(path)) for path in paths]
+    peer = bench._load_peer()[0]
+    rows = []
+    for tokens, heads in points:
+        x = bench.make_inputs(tokens, heads)
+        ref = bench.reference_f64(x)
+        runs = [(name, lambda m=m, x=x: _run_module(m, x)) for name, m in modules]
+        if peer is not None:
+            runs.append(("flashmla", peer.prepare(x)))
+        errs = {name: bench.rel_err(fn(), ref) for name, fn in runs}
+        times: dict[str, list[float]] = {name: [] for name, _ in runs}
+        for _ in range(rounds):
+            for name, fn in runs:
+                times[name].append(bench.bench(fn, 40) * 1e3)
+        for name, _ in runs:
+            t = sorted(times[name])
+            rows.append(
+                dict(tokens=tokens, heads=heads, kernel=name, rel_err_f64=errs[name],
+                     time_us=t[len(t) // 2], rounds_us=times[name])
+            )  # fmt: skip
+            print(
+                f"  T={tokens:4d} H={heads:3d} {os.path.basename(name):>14} "
+                f"{t[len(t) // 2]:8.1f} us (spread {t[-1] - t[0]:.1f}) "
+                f"err {errs[name]:.1e}",
+                flush=True,
+            )
+        x.clear()
+    return rows
+
+
+def _run_module(module, x):
+    bench.K = module
+    return bench.run_triton(x)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="the sweep's JSON")
     ap.add_argument("--points", default=None, help="TOKENSxHEADS,... to sweep")
-    ap.add_argument("--kernel", default=None, help="a copy of the kernel module")
+    ap.add_argument(
+        "--kernel", action="append", default=[], help="a copy of the kernel module"
+    )
+    ap.add_argument(
+        "--variants", action="store_true", help="compare default plans, see above"
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="with --variants")
     args = ap.parse_args()
+    points = bench._parse_points(args.points) if args.points else list(TUNED_POINTS)
+    if args.variants:
+        rows = variants(points, args.kernel, args.rounds)
+        with open(args.out, "w") as f:
+            json.dump(dict(variants=rows), f, indent=1)
+        return
     if args.kernel:
         from tests.kernels.attention.dsv41_offline_compile import load_kernel_module
 
         # The benchmark runs whatever module its K names.
-        bench.K = load_kernel_module(args.kernel)
-    points = bench._parse_points(args.points) if args.points else list(TUNED_POINTS)
+        bench.K = load_kernel_module(args.kernel[-1])
     with open(args.out, "w") as f:
         json.dump(dict(kernel=bench.K.__name__, sweep=sweep(points)), f, indent=1)
 
