@@ -28,6 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import benchmark_dsv41_sparse_mla as bench  # noqa: E402
 
+from tests.kernels.attention.dsv41_offline_compile import (  # noqa: E402
+    load_kernel_module,
+)
+
 CMP_CAP, SWA_CAP = bench.CMP_CAP, bench.SWA_CAP
 
 
@@ -137,8 +141,6 @@ def sweep(points: list[tuple[int, int]]) -> list[dict]:
 def variants(points: list[tuple[int, int]], paths: list[str], rounds: int) -> list:
     """Each module's default plan and FlashMLA at each point, ``rounds``
     times in turn; every time with its float64 error."""
-    from tests.kernels.attention.dsv41_offline_compile import load_kernel_module
-
     modules = [("installed", bench.K)]
     modules += [(path, load_kernel_module(path)) for path in paths]
     peer = bench._load_peer()[0]
@@ -194,8 +196,6 @@ def main() -> None:
             json.dump(dict(variants=rows), f, indent=1)
         return
     if args.kernel:
-        from tests.kernels.attention.dsv41_offline_compile import load_kernel_module
-
         # The benchmark runs whatever module its K names.
         bench.K = load_kernel_module(args.kernel[-1])
     with open(args.out, "w") as f:
