@@ -1,23 +1,29 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The generated upstream patch series applies to a pristine tree taken from
-the pinned wheel and holds the fork, and (on the default base) the CPU suite
-passes on that patched tree alone."""
+the pinned wheel and holds the fork; each pull request applies there with only
+the ones it builds on and passes its own tests; and (on the default base) the
+CPU suite passes on the whole patched tree alone."""
 
+import email
 import fnmatch
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
 
 import pytest
+import yaml
 
 from tools.fork.build_wheel import fork_files
 from tools.fork.common import REPO, all_bases, load_pin
 from tools.fork.patch_series import (
     FORK_ONLY,
+    applied_with,
+    builds_on,
     extract_pristine,
     generate,
     pull_requests,
@@ -27,13 +33,15 @@ pytestmark = pytest.mark.slow
 
 
 AUTHOR = ("Ada Reviewer", "ada@example.org")
-PULL_REQUESTS = pull_requests(load_pin().VLLM_VERSION)
+BASE = load_pin().VLLM_VERSION
+PULL_REQUESTS = pull_requests(BASE)
 NUM_PATCHES = sum(map(len, PULL_REQUESTS.values()))
 # The most lines outside tests/ a [Bugfix] patch that opens a series adds.
 BUGFIX_MAX_ADDED_LINES = 80
 # The most lines the [Kernel] pull request adds, tests and benchmark
-# included: what a reviewer can take in one pull request with its RFC.
-KERNEL_MAX_ADDED_LINES = 3000
+# included (its tests build a small model of their own, to stand alone): what
+# a reviewer can take in one pull request with its RFC.
+KERNEL_MAX_ADDED_LINES = 3150
 # Words of this repository that upstream text has no use for: the fork, and
 # the vLLM releases it builds on (a pristine tree is simply vLLM).
 FORK_WORDS = re.compile(
@@ -44,6 +52,14 @@ FORK_WORDS = re.compile(
 @pytest.fixture(scope="module")
 def series(tmp_path_factory):
     return generate(tmp_path_factory.mktemp("series"), f"{AUTHOR[0]} <{AUTHOR[1]}>")
+
+
+@pytest.fixture(scope="session")
+def pristine_tree(upstream_wheel_path, tmp_path_factory):
+    """The pinned wheel's ``vllm`` package, extracted once; copy it to patch it."""
+    tree = tmp_path_factory.mktemp("pristine") / "vllm-tree"
+    extract_pristine(upstream_wheel_path, tree)
+    return tree
 
 
 def test_every_patch_is_authored_and_signed_off_by_its_generator(series):
@@ -169,32 +185,72 @@ def _ruff_findings(tree, files) -> set[tuple[str, str, str]]:
     }
 
 
-@pytest.mark.parametrize("count", range(1, NUM_PATCHES))
-def test_each_patch_passes_its_own_tests_alone(
-    series, upstream_wheel_path, tmp_path, count
+def _patches_of(series, name: str) -> list:
+    return [p for p in series if p.parent.name == name]
+
+
+def test_a_pull_request_names_the_one_it_builds_on(series):
+    """Its first commit message names the first commit of the pull request
+    it needs applied first; one that builds on nothing names no other."""
+    messages, titles = {}, {}
+    for name in PULL_REQUESTS:
+        text = _patches_of(series, name)[0].read_text().split("\n---\n", 1)[0]
+        subject = " ".join(email.message_from_string(text)["Subject"].split())
+        titles[name] = subject.split("] ", 1)[1]
+        messages[name] = " ".join(text.split("\n\n", 1)[1].split())
+    for name in PULL_REQUESTS:
+        named = [o for o in PULL_REQUESTS if o != name and titles[o] in messages[name]]
+        below = builds_on(BASE).get(name)
+        assert named == ([below] if below else []), (name, named)
+
+
+def _test_area_paths(tree, files) -> list[str]:
+    """The files a Buildkite test area among ``files`` names: its steps'
+    source-file dependencies and the test files their commands run (from
+    tests/)."""
+    paths = []
+    for area in (f for f in files if f.startswith(".buildkite/test_areas/")):
+        for step in yaml.safe_load((tree / area).read_text())["steps"]:
+            paths += step.get("source_file_dependencies", [])
+            for command in step.get("commands", []):
+                paths += [
+                    f"tests/{word.split('::')[0]}"
+                    for word in command.split()
+                    if word.split("::")[0].endswith(".py")
+                ]
+    return paths
+
+
+@pytest.mark.parametrize("name", list(PULL_REQUESTS))
+def test_each_pull_request_passes_its_own_tests_alone(
+    series, pristine_tree, tmp_path, name
 ):
-    """The first ``count`` patches on a pristine tree: the files they touch
-    are ruff-clean, and the tests the last of them adds pass there (the last
-    patch's own tests are the whole suite, run below)."""
+    """A pristine tree with only ``name`` and the pull requests it builds on
+    applied: the files they touch are ruff-clean, every file a test area of
+    theirs names exists, and the tests ``name`` adds collect and pass."""
     tree = tmp_path / "vllm-tree"
-    extract_pristine(upstream_wheel_path, tree)
-    _apply(tree, series[:count])
-    touched = sorted({f for p in series[:count] for f in _added_files(p)})
+    shutil.copytree(pristine_tree, tree)
+    patches = [p for pr in applied_with(name, BASE) for p in _patches_of(series, pr)]
+    _apply(tree, patches)
+    touched = sorted({f for p in patches for f in _added_files(p)})
     python = [f for f in touched if f.endswith(".py")]
     config = ["--config", str(REPO / "pyproject.toml")]
     # Findings the patches add: upstream's own files carry some already.
-    pristine = tmp_path / "pristine"
-    extract_pristine(upstream_wheel_path, pristine)
-    before = _ruff_findings(pristine, [f for f in python if (pristine / f).exists()])
+    before = _ruff_findings(
+        pristine_tree, [f for f in python if (pristine_tree / f).exists()]
+    )
     assert _ruff_findings(tree, python) - before == set()
     result = _run_in(tree, "ruff", "format", "--check", *config, *python)
     assert result.returncode == 0, result.stdout + result.stderr
+    missing = [p for p in _test_area_paths(tree, touched) if not (tree / p).exists()]
+    assert not missing, missing
     own = [
         f
-        for f in _added_files(series[count - 1])
+        for p in _patches_of(series, name)
+        for f in _added_files(p)
         if f.startswith("tests/") and os.path.basename(f).startswith("test_")
     ]
-    assert own, f"patch {count} adds no tests"
+    assert own, f"{name} adds no tests"
     result = _run_in(tree, "pytest", "-q", "-p", "no:cacheprovider", *own)
     summary = result.stdout.strip().splitlines()[-1]
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
@@ -218,10 +274,10 @@ def test_the_first_pull_request_holds_no_triton(series):
 
 
 @pytest.fixture(scope="module")
-def patched_tree(series, upstream_wheel_path, tmp_path_factory):
+def patched_tree(series, pristine_tree, upstream_wheel_path, tmp_path_factory):
     """A pristine tree from the pinned wheel with the series applied."""
     tree = tmp_path_factory.mktemp("patched") / "vllm-tree"
-    extract_pristine(upstream_wheel_path, tree)
+    shutil.copytree(pristine_tree, tree)
     with zipfile.ZipFile(upstream_wheel_path) as zf:
         pristine_attention = zf.read("vllm/models/deepseek_v41/attention.py")
     assert (tree / "vllm/models/deepseek_v41/attention.py").read_bytes() == (

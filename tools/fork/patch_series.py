@@ -9,7 +9,9 @@ The patches apply to a pristine vLLM tree taken from the pinned wheel.
 The base's pull requests (tools/fork/series.toml) are written in order, each
 to its own folder; each patch adds its concern's edits (tools/fork/edits.py)
 and whole files on top of the ones before it, to the pinned wheel's Python
-package. The diffs are made at build time, never committed.
+package. A pull request applies to a pristine tree with only the ones it
+builds on (series.toml's ``builds_on``), and its first commit message names
+that one. The diffs are made at build time, never committed.
 """
 
 import argparse
@@ -67,6 +69,21 @@ def concern_edits(concern: str, base: str) -> list:
 def pull_requests(base: str) -> dict[str, list[str]]:
     """The base's pull requests in order, each its concerns in order."""
     return dict(_SERIES["pull_requests"][base])
+
+
+def builds_on(base: str) -> dict[str, str]:
+    """The base's pull requests that need another applied first: each one's
+    name, and that one's."""
+    return dict(_SERIES.get("builds_on", {}).get(base, {}))
+
+
+def applied_with(name: str, base: str) -> list[str]:
+    """The pull requests a tree needs for ``name`` to apply: the ones it
+    builds on, first applied first, then ``name``."""
+    chain, below = [name], builds_on(base)
+    while chain[0] in below:
+        chain.insert(0, below[chain[0]])
+    return chain
 
 
 def _concern_of(path: str, base: str | None = None) -> str | None:
@@ -163,6 +180,8 @@ def generate(out_dir: Path, author: str | None = None) -> list[Path]:
         shutil.rmtree(out_dir)
     patches: list[Path] = []
     done: list[str] = []
+    titles: dict[str, str] = {}
+    below = builds_on(base)
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as zf:
         tree = Path(tmp)
         extract_pristine(wheel, tree)
@@ -181,6 +200,12 @@ def generate(out_dir: Path, author: str | None = None) -> list[Path]:
                 for path, text in edited.items():
                     (tree / path).write_text(text)
                 title, body = _message(concern, pin.FLASHINFER_VERSION, base)
+                titles.setdefault(name, title)
+                if concern == concerns[0] and name in below:
+                    body += (
+                        f'\n\nThis builds on the pull request "{titles[below[name]]}" '
+                        "and applies on top of it."
+                    )
                 _git(tree, "add", "-A")
                 message = ["-m", title, "-m", body]
                 if identity is not None:

@@ -41,8 +41,7 @@ def _gpu_runs() -> list[tuple[str, str]]:
     runs = [(plan, SparseMLAKernel.TRITON) for plan in PLANS]
     if capability.major == 12:
         # FlashInfer's kernel on the SWA page the layer builds here.
-        swa = msd.swa_page(DeepseekV4FlashInferSM120Attention.swa_backend_cls)
-        plan = next(p for p in PLANS if msd.page_plan(p).swa == swa)
+        plan = msd.plan_for(DeepseekV4FlashInferSM120Attention.swa_backend_cls)
         runs.append((plan, SparseMLAKernel.FLASHINFER_SM120))
     return runs
 

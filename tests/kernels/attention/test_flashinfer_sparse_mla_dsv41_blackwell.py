@@ -9,20 +9,21 @@ whose pool writers also lay out the KV bytes the kernels read:
 * SM10x (B200, GB200): ``trtllm_batch_decode_sparse_mla_dsv4`` in its combined
   form (one index table, SWA columns first) over BF16 and per-tensor FP8 pools;
 * SM12x (RTX PRO 6000, RTX 5090, GB10): the two-segment form over packed
-  ``fp8_ds_mla`` pools, with the 32-token SWA page upstream vLLM builds refused
-  by FlashInfer and the negotiated page accepted;
+  ``fp8_ds_mla`` pools;
 * the model-free forward of the DeepSeek V4.1 attention classes with the real
-  launcher and upstream's real Triton index builders (the approach of
+  launcher and vLLM's real Triton index builders (the approach of
   ``tests/v1/attention/dsv41/test_attention_forward_cpu.py``, on the GPU),
   through the sparse-MLA launcher, so the test also checks which kernel
-  ran: FlashInfer's where the policy picks it, the Triton kernel on
-  SM90 and as the SM12x fallback;
-* any CUDA GPU (the H100/H200 step): upstream's Triton index builders against
+  ran: FlashInfer's where it has the shape, else the Triton kernel, and the
+  Triton kernel on SM90;
+* any CUDA GPU (the H100/H200 step): vLLM's Triton index builders against
   their first-principles references.
 
-Page sizes come from the page policy for the GPU the test runs on, never
-from constants here. Each test skips with a reason where its GPU or FlashInfer
-is missing, so CPU CI collects this file and reports why nothing ran.
+Page sizes come from the page plans of
+``tests/v1/attention/dsv41/many_step_decode.py``: the one whose sliding-window
+page the GPU's layer class reads, never constants here. Each test skips with a
+reason where its GPU or FlashInfer is missing, so CPU CI collects this file
+and reports why nothing ran.
 FlashInfer is imported only inside the tests: importing it with a CPU-only
 torch fails.
 """
@@ -43,6 +44,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.v1.attention.dsv41 import many_step_decode as msd
 from tests.v1.attention.dsv41.fp8_ds_mla_pool import (
     alloc_fp8_ds_mla_pool,
     alloc_plain_pool,
@@ -87,8 +89,6 @@ WORKSPACE_BYTES = 128 << 20  # what vLLM hands FlashInfer's DSV4 launcher
 # Where the kernels run. A module global so the harness itself can be dry-run
 # on CPU (reference launcher, Triton interpreter) when no GPU is at hand.
 DEVICE = torch.device("cuda")
-# The sliding-window page upstream vLLM builds (the crash on FlashInfer 0.6.x).
-UPSTREAM_SWA_PAGE = 32
 # The name upstream's attention module calls FlashInfer's launcher by.
 LAUNCHER_NAME = "flashinfer_trtllm_batch_decode_sparse_mla_dsv4"
 
@@ -132,53 +132,40 @@ SM12X = requires_gpu(12, "FlashInfer SM120 sparse MLA (RTX PRO 6000/RTX 5090/GB1
 ANY_CUDA = requires_gpu(None, "upstream Triton index builders", needs_flashinfer=False)
 
 
-def _policy() -> Any:
-    """The page policy, where this vLLM's layers page by it (else None)."""
-    name = "vllm.models.deepseek_v41.nvidia.sparse_mla_pages"
-    return importlib.import_module(name) if importlib.util.find_spec(name) else None
-
-
-def _plan(num_heads: int | None = None, swa_topk: int = WINDOW) -> Any:
-    """The kernel and pages of the two-segment or TRTLLM-gen layer on this
-    GPU: the page policy's plan where there is one, else the layer's own
-    choice on upstream's pages."""
+def _layer_class() -> type:
+    """The attention class DeepSeek V4.1 builds on this GPU: TRTLLM-gen's on
+    SM10x, else the two-segment class (FlashInfer's SM120 kernel or the
+    Triton kernel)."""
     capability = _capability()
     assert capability is not None
-    if (policy := _policy()) is not None:
-        if num_heads is None:
-            return policy.plan_pages(capability)
-        return policy.negotiate(
-            capability,
-            fi.DeepseekV4FlashInferMLASparseBackend.paged_backends(),
-            num_local_heads=num_heads,
-            kv_cache_dtype="fp8",
-            swa_topk=swa_topk,
-        )
     if capability.major == 10:
-        kernel = SparseMLAKernel.TRTLLM_GEN
-    elif capability.major == 12:
-        layer = fi.DeepseekV4FlashInferSM120Attention
-        kernel = layer.choose_sparse_mla_kernel(num_heads or 64, swa_topk)
-    else:
-        # Off Blackwell the two-segment layer is TRITON_MLA_SPARSE_DSV41's.
-        kernel = SparseMLAKernel.TRITON
-    return SimpleNamespace(
-        kernel=kernel,
-        swa_block_size=UPSTREAM_SWA_PAGE,
-        fixed_page=None,
-        envelope=None,
-        compressed_block_size=lambda ratio: None,
-    )
+        return fi.DeepseekV4FlashInferMLAAttention
+    return fi.DeepseekV4FlashInferSM120Attention
 
 
-def _compressed_states(plan: Any, ratio: int) -> int:
-    """Compressed states per page for a layer of ``ratio``, as the layer sizes
-    the compressed-KV cache (negotiated, else the kernel's block size)."""
-    tokens = plan.compressed_block_size(ratio)
-    if tokens is None:
-        backend = fi.DeepseekV4FlashInferMLASparseBackend
-        tokens = backend.get_preferred_block_size(128)
-    return tokens // ratio
+def _kernel(num_heads: int = 64, swa_topk: int = WINDOW) -> str:
+    """The sparse-MLA kernel that serves ``num_heads`` local heads on this
+    GPU: TRTLLM-gen on SM10x; on SM12x FlashInfer's SM120 kernel where the
+    installed FlashInfer has one for the shape, else the Triton kernel; the
+    Triton kernel elsewhere."""
+    from vllm.utils.flashinfer import has_flashinfer_sparse_mla_sm120_config
+
+    capability = _capability()
+    assert capability is not None
+    if capability.major == 10:
+        return SparseMLAKernel.TRTLLM_GEN
+    layer = fi.DeepseekV4FlashInferSM120Attention
+    padded = layer.get_padded_num_q_heads(num_heads)
+    if capability.major == 12 and has_flashinfer_sparse_mla_sm120_config(
+        padded, swa_topk
+    ):
+        return SparseMLAKernel.FLASHINFER_SM120
+    return SparseMLAKernel.TRITON
+
+
+def _pages() -> msd.Pages:
+    """The page plan whose sliding-window page this GPU's layer class reads."""
+    return msd.page_plan(msd.plan_for(_layer_class().swa_backend_cls))
 
 
 def _flashinfer_decode() -> Callable[..., torch.Tensor]:
@@ -489,13 +476,10 @@ SM12X_CASES = {
 @pytest.mark.parametrize("name", list(SM10X_CASES))
 def test_sm10x_trtllm_gen_matches_reference(name: str, workspace: torch.Tensor) -> None:
     case = SM10X_CASES[name]
-    plan = _plan()
-    assert plan.kernel == SparseMLAKernel.TRTLLM_GEN
+    assert _kernel() == SparseMLAKernel.TRTLLM_GEN
+    pages = _pages()
     w = _kernel_world(
-        case,
-        plan.swa_block_size,
-        _compressed_states(plan, case.ratio),
-        seed=_seed(name),
+        case, pages.swa, pages.states.get(case.ratio, 64), seed=_seed(name)
     )
     _run_and_compare(_sm10x_arguments(w), w, "trtllm-gen", workspace)
 
@@ -506,41 +490,12 @@ def test_sm12x_two_segment_matches_reference(
     name: str, workspace: torch.Tensor
 ) -> None:
     case = SM12X_CASES[name]
-    plan = _plan()
-    assert plan.kernel == SparseMLAKernel.FLASHINFER_SM120
-    comp_states = _compressed_states(plan, case.ratio) if case.ratio else 64
-    w = _kernel_world(case, plan.swa_block_size, comp_states, seed=_seed(name))
+    assert _kernel() == SparseMLAKernel.FLASHINFER_SM120
+    pages = _pages()
+    w = _kernel_world(
+        case, pages.swa, pages.states.get(case.ratio, 64), seed=_seed(name)
+    )
     _run_and_compare(_sm12x_arguments(w), w, "sparse", workspace)
-
-
-@SM12X
-def test_sm12x_upstream_swa_page_refused_negotiated_page_served(
-    workspace: torch.Tensor,
-) -> None:
-    """The bug and its fix on the hardware: FlashInfer has no SM120 decode
-    kernel for the 32-token SWA page upstream vLLM builds, and serves the page
-    the policy negotiates."""
-    plan = _plan()
-    if plan.fixed_page is None:
-        pytest.skip(
-            f"{plan.envelope.source if plan.envelope else 'FlashInfer'} takes "
-            "page sizes at run time: upstream's 32-token page is not refused"
-        )
-    assert plan.swa_block_size != UPSTREAM_SWA_PAGE
-    case = KernelCase(((40, 1), (100, 1), (300, 1)), 16, 2, "packed")
-    comp_states = _compressed_states(plan, case.ratio)
-
-    upstream = _kernel_world(case, UPSTREAM_SWA_PAGE, comp_states, 7)
-    gpu_kwargs = {k: _to_gpu(v) for k, v in _sm12x_arguments(upstream).items()}
-    with pytest.raises(
-        (ValueError, RuntimeError),
-        match=r"no decode kernel for this shape.*page_block_size=32",
-    ):
-        _flashinfer_decode()(**gpu_kwargs, workspace_buffer=workspace)
-        _sync()
-
-    negotiated = _kernel_world(case, plan.swa_block_size, comp_states, 7)
-    _run_and_compare(_sm12x_arguments(negotiated), negotiated, "sparse", workspace)
 
 
 # ---------------------------------------------------------------------------
@@ -551,37 +506,36 @@ def test_sm12x_upstream_swa_page_refused_negotiated_page_served(
 def _forward_on_gpu(
     name: str, monkeypatch: pytest.MonkeyPatch, force_kernel: str | None = None
 ) -> None:
-    """``forward_mqa`` of the layer class with the kernel the page policy
-    negotiates for this GPU and shape (or ``force_kernel``), the real
-    launcher and upstream's Triton index builders. Only the forward context
-    is a stand-in."""
+    """``forward_mqa`` of the layer class with the kernel that serves this GPU
+    and shape (or ``force_kernel``), on the layer's page plan, the real
+    launcher and vLLM's Triton index builders. Only the forward context is a
+    stand-in."""
     from vllm.models.deepseek_v41.nvidia import sparse_mla_launcher
     from vllm.utils import flashinfer as flashinfer_utils
 
     case = FORWARD_CASES[name]
     capability = _capability()
     assert capability is not None
-    plan = _plan()
+    pages = _pages()
     if case.ratio:
         # The forward world pages compressed KV in 64 states on the
         # two-segment class and in a 128-token block on the TRTLLM-gen class.
         world_states = 64 if case.cls == "sm120" else 128 // case.ratio
-        if _compressed_states(plan, case.ratio) != world_states:
+        if pages.states[case.ratio] != world_states:
             pytest.skip(
-                f"the policy pages ratio-{case.ratio} compressed KV in "
-                f"{_compressed_states(plan, case.ratio)} states on "
+                f"the layer pages ratio-{case.ratio} compressed KV in "
+                f"{pages.states[case.ratio]} states on "
                 f"SM{capability.to_int()}; this forward world uses {world_states}"
             )
-    case = dataclasses.replace(case, swa_page=plan.swa_block_size)
+    case = dataclasses.replace(case, swa_page=pages.swa)
     layer_cls = (
         fi.DeepseekV4FlashInferSM120Attention
         if case.cls == "sm120"
         else fi.DeepseekV4FlashInferMLAAttention
     )
-    geometry = _plan(case.heads)
-    kernel = force_kernel or geometry.kernel
+    kernel = force_kernel or _kernel(case.heads)
     seed = random.SystemRandom().randrange(2**31)
-    print(f"seed={seed} swa_page={plan.swa_block_size} kernel={kernel}")
+    print(f"seed={seed} swa_page={pages.swa} kernel={kernel}")
     world = build_forward_world(case, seed)
     q_cpu = world.q
     for key in ("q", "positions", "sinks", "swa_pool", "comp_pool", "topk_buffer"):
@@ -634,7 +588,7 @@ def _forward_on_gpu(
     ran = "triton" if kernel == SparseMLAKernel.TRITON else "flashinfer"
     assert calls, "the sparse-MLA launcher was never called"
     assert {k for k, _ in calls} == {ran}
-    assert {page for _, page in calls} == {plan.swa_block_size}
+    assert {page for _, page in calls} == {pages.swa}
     expected = dense_attention_oracle(
         q_cpu[: world.num_tokens].float(),
         world.stored,
@@ -659,10 +613,9 @@ SM10X_FORWARD = [n for n, c in FORWARD_CASES.items() if c.cls == "sm10x"]
 def test_sm12x_forward_through_layer_class(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """FlashInfer's SM120 kernels under the two-segment layer class, on the
-    negotiated pages."""
-    plan = _plan()
-    assert plan.kernel == SparseMLAKernel.FLASHINFER_SM120
+    """FlashInfer's SM120 kernels under the two-segment layer class, on its
+    page plan."""
+    assert _kernel() == SparseMLAKernel.FLASHINFER_SM120
     _forward_on_gpu(name, monkeypatch)
 
 
@@ -693,9 +646,9 @@ def _triton_forward_skip_reason() -> str | None:
 def test_two_segment_forward_on_triton(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The two-segment class on the Triton sparse-MLA kernel: the plan on SM90,
-    and on SM12x the fallback for shapes FlashInfer's tables lack (there it
-    keeps FlashInfer's negotiated pages)."""
+    """The two-segment class on the Triton sparse-MLA kernel: SM90's kernel,
+    and on SM12x the kernel for shapes FlashInfer lacks (on FlashInfer's
+    pages there)."""
     _forward_on_gpu(name, monkeypatch, force_kernel=SparseMLAKernel.TRITON)
 
 

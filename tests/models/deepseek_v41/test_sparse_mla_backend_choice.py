@@ -3,14 +3,21 @@
 """Which layer and kernel DeepSeek V4.1 builds for TRITON_MLA_SPARSE_DSV41
 and FLASHINFER_MLA_SPARSE_DSV41 on each GPU, and what it refuses.
 
-Every decoder layer is built as the model builds it (on the meta device, the
-GPU mocked at the platform boundary), and a configuration it accepts goes
-through vLLM's KV-cache planning, metadata builders and KV binding.
+Every decoder layer of a small model is built as the model builds it (on the
+meta device, the GPU mocked at the platform boundary), and a configuration it
+accepts goes through vLLM's KV-cache planning, metadata builders and KV
+binding.
 """
 
 import pytest
 
-from tests.models.deepseek_v41 import test_block_size_binding as binding
+from tests.models.deepseek_v41.small_model import (
+    HF_CONFIG,
+    bind_kv_caches,
+    build_layers,
+    mock_gpu,
+    one_gloo_rank,
+)
 from vllm.config import get_layers_from_vllm_config
 from vllm.models.deepseek_v41.attention import DeepseekV4Attention
 from vllm.models.deepseek_v41.nvidia.flashinfer_sparse import (
@@ -25,9 +32,18 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 pytestmark = pytest.mark.cpu_test
 
-# The binding test's GPU mock and one-rank group; its model build and binding.
-on_gpu, single_rank = binding.on_gpu, binding.single_rank
-build_model, bind = binding.build_model, binding.bind
+
+@pytest.fixture(scope="module", autouse=True)
+def single_rank(tmp_path_factory):
+    with one_gloo_rank(tmp_path_factory.mktemp("gloo")):
+        yield
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """Mock the GPU: ``on_gpu((major, minor))``."""
+    return lambda capability: mock_gpu(monkeypatch, *capability)
+
 
 TRITON = "TRITON_MLA_SPARSE_DSV41"
 FLASHINFER = "FLASHINFER_MLA_SPARSE_DSV41"
@@ -37,7 +53,7 @@ HOPPER_AND_SM12X = [(9, 0), *SM12X]
 
 def attention_layers(config) -> list[DeepseekV4Attention]:
     layers = get_layers_from_vllm_config(config, DeepseekV4Attention)
-    assert len(layers) == 40
+    assert len(layers) == HF_CONFIG.num_hidden_layers
     return list(layers.values())
 
 
@@ -71,10 +87,10 @@ def test_each_backend_builds_its_layer_and_kernel_and_binds(
     on_gpu, gpu, backend, block_size, built
 ):
     on_gpu(gpu)
-    config = build_model(gpu, backend, block_size)
+    config = build_layers(backend, block_size)
     for layer in attention_layers(config):
         assert (type(layer), layer.sparse_mla_kernel) == built
-    bind(config)
+    bind_kv_caches(config)
 
 
 @pytest.mark.parametrize("gpu", HOPPER_AND_SM12X)
@@ -83,7 +99,7 @@ def test_triton_backend_needs_no_flashinfer_kernel(on_gpu, monkeypatch, gpu):
         flashinfer_utils, "has_flashinfer_sparse_mla_sm120_config", lambda h, k: False
     )
     on_gpu(gpu)
-    bind(build_model(gpu, TRITON, None))
+    bind_kv_caches(build_layers(TRITON))
 
 
 @pytest.mark.parametrize(
@@ -101,7 +117,7 @@ def test_a_backend_is_refused_on_a_gpu_it_has_no_kernel_for(on_gpu, gpu, backend
     on_gpu(gpu)
     sm = f"SM{gpu[0]}{gpu[1]}"
     with pytest.raises(ValueError) as refused:
-        build_model(gpu, backend, None)
+        build_layers(backend)
     assert str(refused.value) == (
         f"--attention-backend {backend} has no DeepSeek V4.1 kernel for {sm} GPUs. "
         "Leave --attention-backend unset for this GPU's default, or choose a "
@@ -123,7 +139,7 @@ def test_a_shape_flashinfer_lacks_is_refused_naming_the_triton_backend(
     )
     on_gpu((12, 1))
     with pytest.raises(RuntimeError) as refused:
-        build_model((12, 1), None, None)
+        build_layers(None)
     # DeepSeek V4.1 Flash on one GPU: 64 heads, and the sliding window of 128.
     assert asked == [(64, 128)]
     assert str(refused.value) == (

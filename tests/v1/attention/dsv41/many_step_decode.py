@@ -116,15 +116,23 @@ class Pages:
         return self.swa if group == 0 else self.states[group] * group
 
 
-# The sliding-window page vLLM's layers build where no backend says otherwise.
-UPSTREAM_SWA_PAGE = 32
+# The page FlashInfer's fixed-page SM120 kernels (before 0.7.1) are built
+# for: SWA tokens per page, and compressed states per page.
+SM12X_PAGE = 64
 
 
 def swa_page(swa_backend: type) -> int:
-    """Tokens per sliding-window page the layers build with ``swa_backend``:
-    its own answer where vLLM's backends have a page hook."""
-    hook = getattr(swa_backend, "get_swa_block_size", None)
-    return hook() if hook else UPSTREAM_SWA_PAGE
+    """Tokens per sliding-window page ``swa_backend``'s kernels read: the
+    first kernel block size it reports."""
+    from vllm.v1.attention.backend import MultipleOf
+
+    size = swa_backend.get_supported_kernel_block_sizes()[0]
+    return size.base if isinstance(size, MultipleOf) else size
+
+
+def plan_for(swa_backend: type) -> str:
+    """The page plan whose sliding-window page ``swa_backend`` reads."""
+    return next(name for name in PLANS if page_plan(name).swa == swa_page(swa_backend))
 
 
 def page_plan(name: str) -> Pages:
@@ -133,12 +141,9 @@ def page_plan(name: str) -> Pages:
     compressed page its sparse-MLA backend asks for on this device, in
     tokens)."""
     if name == "sm12x":
-        # The pages negotiated for FlashInfer 0.6's SM120 kernels (FlashInfer
-        # 0.7 takes any page, so there vLLM's own are kept; both plans run
-        # wherever the test does).
-        from tests.v1.attention.dsv41.sm12x_pages import SM12X_FIXED_PAGE as page
-
-        return Pages(name, page, {1: page, 2: page})
+        # FlashInfer 0.7.1 and later take any page, so vLLM's own are kept
+        # there; both plans run wherever the test does.
+        return Pages(name, SM12X_PAGE, {1: SM12X_PAGE, 2: SM12X_PAGE})
     if name == "upstream":
         from vllm.models.deepseek_v41.sparse_mla import DeepseekV4SparseMLABackend
         from vllm.v1.attention.backends.mla.sparse_swa import (

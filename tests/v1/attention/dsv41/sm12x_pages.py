@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-SM12X_FIXED_PAGE = 64
+from tests.v1.attention.dsv41.many_step_decode import SM12X_PAGE
 
 
 def force_sm12x_pages(setattr_: Callable[[Any, str, Any], None]) -> None:
@@ -27,6 +27,6 @@ def force_sm12x_pages(setattr_: Callable[[Any, str, Any], None]) -> None:
         plan = plan_pages(capability, envelope)
         if plan.kernel is not sparse_mla_pages.SparseMLAKernel.TRITON:
             return plan
-        return dataclasses.replace(plan, fixed_page=SM12X_FIXED_PAGE)
+        return dataclasses.replace(plan, fixed_page=SM12X_PAGE)
 
     setattr_(sparse_mla_pages, "plan_pages", plan_sm12x_pages)
