@@ -360,7 +360,10 @@ def cache_specs(
 
 
 def check_block_size(
-    layer_cls: type, specs: "dict[str, KVCacheSpec]", block_size: int | None
+    layer_cls: type,
+    specs: "dict[str, KVCacheSpec]",
+    block_size: int | None,
+    hf_config: Any,
 ) -> None:
     """What each kv-source layer checks of a --block-size the user set, where
     this vLLM's layers check it: their own method, over the report's specs."""
@@ -372,7 +375,8 @@ def check_block_size(
     config = SimpleNamespace(
         cache_config=SimpleNamespace(
             block_size=block_size, user_specified_block_size=True
-        )
+        ),
+        model_config=SimpleNamespace(hf_config=hf_config),
     )
     for name, spec in specs.items():
         if not name.endswith(".attn"):
@@ -388,6 +392,7 @@ def check_block_size(
         layer = SimpleNamespace(
             backend_cls=layer_cls.backend_cls,
             indexer=indexer,
+            kv_source_layers=tuple(hf_config.kv_source_layer_ids),
             get_kv_cache_spec=lambda _, spec=spec: spec,
         )
         check(layer, config)
@@ -458,14 +463,7 @@ def make_plan(
             )
             report.attention_class = f"{layer_cls.__module__}.{layer_cls.__name__}"
             backend = layer_cls.backend_cls
-            # A backend that pages by the page policy hears its refusal there.
-            paged = hasattr(backend, "paged_backends")
-            if not paged and not backend.supports_compute_capability(capability):
-                raise ValueError(
-                    f"{backend.get_name()} does not run on SM{capability.to_int()}; "
-                    "choose another --attention-backend."
-                )
-            if backend is flashinfer and paged:
+            if backend is flashinfer and hasattr(backend, "paged_backends"):
                 # A vLLM whose backend pages its caches by the page policy.
                 pages = importlib.import_module(
                     "vllm.models.deepseek_v41.nvidia.sparse_mla_pages"
@@ -492,7 +490,7 @@ def make_plan(
             specs = cache_specs(
                 layer_cls, capability, hf_config, kv_cache_dtype, block_size
             )
-            check_block_size(layer_cls, specs, block_size)
+            check_block_size(layer_cls, specs, block_size, hf_config)
             # The two-segment layer chooses its kernel once its caches exist.
             kernel_path = (
                 kernel_path

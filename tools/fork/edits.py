@@ -48,6 +48,52 @@ SM120_LAYER = "DeepseekV4FlashInferSM120Attention"
 INDEXER_BACKEND = "DeepseekV41IndexerBackend"
 INDEXER_CACHE = "DeepseekV4IndexerCache"
 
+# The check every base's selection of the attention class makes, and the
+# backends its refusal can point to (TRITON_MLA_SPARSE_DSV41 has its name
+# on the default base only).
+_GPU_CHECK = '''
+def _refuse_without_kernel_for_this_gpu(
+    select: Callable[[VllmConfig], type[DeepseekV4Attention]],
+) -> Callable[[VllmConfig], type[DeepseekV4Attention]]:
+    """Refuse, while the model is built and before any weight loads, an
+    attention class whose backend has no kernel for this GPU, whether
+    --attention-backend named it or it is the GPU's default."""
+
+    @wraps(select)
+    def checked(vllm_config: VllmConfig) -> type[DeepseekV4Attention]:
+        attn_cls = select(vllm_config)
+        capability = current_platform.get_device_capability()
+        backend = attn_cls.backend_cls
+        if capability is None or backend.supports_compute_capability(capability):
+            return attn_cls
+        gpu = f"SM{capability.to_int()}"
+        usable = [
+            choice.name
+            for choice in _DSV41_ATTENTION_BACKENDS
+            if choice.get_class().supports_compute_capability(capability)
+        ]
+        raise ValueError(
+            f"{backend.get_name()} has no DeepSeek V4.1 kernel for {gpu} GPUs. "
+            + (
+                f"Use --attention-backend {' or '.join(usable)}."
+                if usable
+                else f"No DeepSeek V4.1 attention backend runs on {gpu}."
+            )
+        )
+
+    return checked
+'''
+
+
+def _gpu_check(*backends: str) -> str:
+    """The check, with the backends its refusal can point to."""
+    names = "".join(f"    AttentionBackendEnum.{name},\n" for name in backends)
+    return (
+        f"{_GPU_CHECK}\n\n# The names --attention-backend takes for a DeepSeek V4.1 "
+        f"model.\n_DSV41_ATTENTION_BACKENDS = (\n{names})\n"
+    )
+
+
 EDITS: tuple[Edit, ...] = (
     # ---- bugfix: a --block-size KV binding cannot serve fails at start-up
     Edit(
@@ -57,15 +103,24 @@ EDITS: tuple[Edit, ...] = (
         '''
         def splits_into_kernel_blocks(spec: KVCacheSpec) -> bool:
             """Whether a packed block of ``spec`` can be viewed as smaller kernel
-            blocks: only caches of several tokens per state can be."""
+            blocks: only caches written from their block table, of several tokens
+            per state, can be."""
             return spec.tokens_per_state > 1
 
 
         def kv_cache_binding_error(
-            backend: type[AttentionBackend], spec: KVCacheSpec
+            backend: type[AttentionBackend],
+            spec: AttentionSpec,
+            packed_with: Sequence[tuple[type[AttentionBackend], AttentionSpec]] = (),
         ) -> str | None:
             """Why packed ``spec.block_size``-token blocks of ``spec`` cannot be bound
-            to kernel blocks ``backend`` reads, or None if they can."""
+            to the kernel blocks ``backend`` reads, or None if they can.
+            ``packed_with``: the caches whose pages share those blocks.
+
+            Kernel blocks that split a block must lie whole kernel pages apart,
+            and the block stride is known only to be a multiple of every packed
+            cache's alignment."""
+            spec = customize_attention_spec(backend, spec)
             try:
                 kernel_block_size = select_common_block_size(spec.block_size, [backend], [spec])
             except ValueError:
@@ -77,17 +132,29 @@ EDITS: tuple[Edit, ...] = (
                     f"{spec.block_size}-token blocks are not a multiple of the "
                     f"{sizes}-token kernel blocks {backend.get_name()} reads"
                 )
-            if kernel_block_size == spec.block_size or splits_into_kernel_blocks(spec):
+            block_stride_alignment = math.lcm(
+                spec.get_block_stride_alignment(),
+                *(
+                    customize_attention_spec(b, s).get_block_stride_alignment()
+                    for b, s in packed_with
+                ),
+            )
+            kernel_page_bytes = (
+                spec.get_num_kernel_states(kernel_block_size) * spec.state_content_size_bytes
+            )
+            if kernel_block_size == spec.block_size or (
+                splits_into_kernel_blocks(spec)
+                and block_stride_alignment % kernel_page_bytes == 0
+            ):
                 return None
             return (
                 f"{backend.get_name()} reads {kernel_block_size}-token kernel blocks, "
-                f"which packed {spec.block_size}-token blocks of a cache with one "
-                "token per state cannot be split into"
+                f"which packed {spec.block_size}-token blocks cannot be split into"
             )
         ''',
         BUGFIX,
         "one rule says whether a cache's packed blocks bind to a backend",
-        anchor="def customize_attention_spec(",
+        anchor="def _block_size_is_supported(",
         bases=DEFAULT,
     ),
     Edit(
@@ -125,6 +192,16 @@ EDITS: tuple[Edit, ...] = (
     ),
     Edit(
         ATTENTION,
+        "",
+        REPLACE,
+        "from dataclasses import replace\nfrom functools import cached_property",
+        BUGFIX,
+        "the check pages the other kv sources' ratios like this layer's",
+        anchor="from functools import cached_property",
+        bases=DEFAULT,
+    ),
+    Edit(
+        ATTENTION,
         "DeepseekV4Attention.__init__",
         INSERT_BEFORE,
         """
@@ -133,7 +210,7 @@ EDITS: tuple[Edit, ...] = (
         self._check_kv_cache_block_size(vllm_config)
         """,
         BUGFIX,
-        "each layer checks --block-size while it is built",
+        "each kv-source layer checks --block-size while it is built",
         anchor="swa_bounded_replay = cache_config.swa_bounded_replay",
         bases=DEFAULT,
     ),
@@ -155,22 +232,29 @@ EDITS: tuple[Edit, ...] = (
                 k_cache = self.indexer.k_cache
                 spec = k_cache.get_kv_cache_spec(vllm_config)
                 caches.append((k_cache.get_attn_backend(), spec))
-            errors = [e for b, s in caches if (e := kv_cache_binding_error(b, s))]
+            # Every kv source's caches share each block: this layer's, paged
+            # for each compress ratio the model's kv sources have.
+            ratios = {
+                int(vllm_config.model_config.hf_config.compress_ratios[layer])
+                for layer in self.kv_source_layers
+            }
+            packed = [
+                (b, replace(s, tokens_per_state=r)) for b, s in caches for r in ratios
+            ]
+            errors = [e for b, s in caches if (e := kv_cache_binding_error(b, s, packed))]
             if not errors:
                 return
+
+            def serves(size: int) -> bool:
+                resized = [(b, s.copy_with_new_block_size(size)) for b, s in packed]
+                return not any(kv_cache_binding_error(b, s, resized) for b, s in resized)
+
             sizes = {
                 size.base if isinstance(size, MultipleOf) else size
-                for b, s in caches
+                for b, s in packed
                 for size in b.get_supported_kernel_block_sizes(s)
             }
-            working = [
-                str(size)
-                for size in sorted(sizes)
-                if not any(
-                    kv_cache_binding_error(b, s.copy_with_new_block_size(size))
-                    for b, s in caches
-                )
-            ]
+            working = [str(size) for size in sorted(sizes) if serves(size)]
             raise ValueError(
                 f"--block-size {cache_config.block_size} cannot serve DeepSeek V4.1: "
                 f"{errors[0]}. "
@@ -588,47 +672,55 @@ EDITS: tuple[Edit, ...] = (
     Edit(
         MODEL,
         "",
-        INSERT_AFTER,
-        "from vllm.platforms.interface import DeviceCapability",
+        REPLACE,
+        "from functools import partial, wraps",
         TRITON,
-        "the model's backend check names the GPU",
-        anchor="from vllm.platforms import current_platform",
+        "the selection's GPU check keeps the selector's name",
+        anchor="from functools import partial",
         bases=DEFAULT,
     ),
     Edit(
         MODEL,
         "",
-        INSERT_BEFORE,
-        '''
-        def _for_this_gpu(
-            attn_cls: type[DeepseekV4Attention], capability: DeviceCapability | None
-        ) -> type[DeepseekV4Attention]:
-            """``attn_cls``, if its backend has kernels for this GPU; otherwise
-            the --attention-backend is refused before any weight loads."""
-            backend = attn_cls.backend_cls
-            if capability is None or backend.supports_compute_capability(capability):
-                return attn_cls
-            raise ValueError(
-                f"--attention-backend {backend.get_name()} has no DeepSeek V4.1 "
-                f"kernel for SM{capability.to_int()} GPUs. Leave "
-                "--attention-backend unset for this GPU's default, or choose a "
-                "backend built for it."
-            )
-        ''',
+        INSERT_AFTER,
+        "from functools import wraps",
         TRITON,
-        "a backend named for a GPU it has no kernel for is refused at start-up",
-        anchor="def _select_dsv4_attn_cls(",
-        bases=DEFAULT,
+        "the selection's GPU check keeps the selector's name",
+        anchor="from collections.abc import Callable, Iterable",
+        bases=BACKPORT,
+    ),
+    *(
+        Edit(
+            MODEL,
+            "",
+            INSERT_BEFORE,
+            _gpu_check(*backends),
+            TRITON,
+            "every attention class the model selects is refused off its GPUs",
+            anchor="def _select_dsv4_attn_cls(",
+            bases=bases,
+        )
+        for bases, backends in (
+            (
+                DEFAULT,
+                (
+                    "FLASHMLA_SPARSE_DSV41",
+                    "FLASHMLA_MEGA_ATTN_DSV41",
+                    "FLASHINFER_MLA_SPARSE_DSV41",
+                    "TRITON_MLA_SPARSE_DSV41",
+                ),
+            ),
+            (BACKPORT, ("FLASHMLA_SPARSE_DSV41", "FLASHINFER_MLA_SPARSE_DSV41")),
+        )
     ),
     Edit(
         MODEL,
-        "_select_dsv4_attn_cls",
+        "",
         REPLACE,
-        "return _for_this_gpu(DeepseekV4FlashInferMLAAttention, device_capability)",
+        "@_refuse_without_kernel_for_this_gpu\ndef _select_dsv4_attn_cls(",
         TRITON,
-        "FLASHINFER_MLA_SPARSE_DSV41 is refused where FlashInfer has no kernel",
-        anchor="return DeepseekV4FlashInferMLAAttention",
-        bases=DEFAULT,
+        "the selection asks that check",
+        anchor="def _select_dsv4_attn_cls(",
     ),
     Edit(
         MODEL,
@@ -636,7 +728,7 @@ EDITS: tuple[Edit, ...] = (
         INSERT_BEFORE,
         """
         if backend is AttentionBackendEnum.TRITON_MLA_SPARSE_DSV41:
-            return _for_this_gpu(DeepseekV4TritonMLAAttention, device_capability)
+            return DeepseekV4TritonMLAAttention
         """,
         TRITON,
         "TRITON_MLA_SPARSE_DSV41 builds the two-segment layer on the Triton kernel",

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""--block-size against vLLM's own KV binding for DeepSeek V4.1 Flash: its
-layers, built as the model builds them, refuse exactly the values that
-binding cannot serve.
+"""--block-size against vLLM's own KV binding for DeepSeek V4.1: its layers,
+built as the model builds them, refuse exactly the values that binding cannot
+serve, for DeepSeek V4.1 Flash's layer pattern and for one whose kv sources
+all have ratio 2.
 
 The GPU is mocked at the platform boundary and the layers and caches live on
 the meta device, so vLLM's spec, layout, planning, attention-group, metadata
@@ -75,7 +76,24 @@ PROJECTIONS = dict(
         "beta_slow": 1,
     },
 )
-HF_CONFIG = SimpleNamespace(**LAYOUT, **PROJECTIONS)
+# The layer patterns: the published one, and the same with every ratio-1
+# layer at ratio 2 (no kv source then has one token per compressed state).
+PATTERNS = {
+    "published": LAYOUT,
+    "no-ratio-1": {
+        **LAYOUT,
+        "compress_ratios": [2 if r == 1 else r for r in LAYOUT["compress_ratios"]],
+    },
+}
+
+
+def hf_config(pattern: str = "published") -> SimpleNamespace:
+    """The model config of a layer pattern."""
+    return SimpleNamespace(**PATTERNS[pattern], **PROJECTIONS)
+
+
+# Big enough that memory is never why binding fails.
+KV_CACHE_BYTES = 64 << 30
 ROCM = "rocm"
 # Each GPU with each attention class start-up builds there: its default (None)
 # and each --attention-backend whose kernels run on it. FlashMLA's mega
@@ -152,11 +170,14 @@ def layer_class(gpu, backend: str | None) -> type:
     )
 
 
-def build_model(gpu, backend: str | None, block_size: int | None) -> VllmConfig:
+def build_model(
+    gpu, backend: str | None, block_size: int | None, pattern: str = "published"
+) -> VllmConfig:
     """Build every decoder layer's attention as the model does, for
-    ``--block-size block_size`` (None: unset), and return the engine config
-    they registered in. Raises what the layers raise."""
-    hf_config = HF_CONFIG
+    ``--block-size block_size`` (None: unset) and the layer pattern
+    ``pattern``, and return the engine config they registered in. Raises what
+    the layers raise."""
+    text_config = hf_config(pattern)
     config = VllmConfig(device_config=DeviceConfig("cpu"))
     config.cache_config = CacheConfig(block_size=block_size)
     config.attention_config.sparse_mla_prefill_workspace_factor = 5
@@ -165,8 +186,8 @@ def build_model(gpu, backend: str | None, block_size: int | None) -> VllmConfig:
         config,
         "model_config",
         SimpleNamespace(
-            hf_config=hf_config,
-            hf_text_config=hf_config,
+            hf_config=text_config,
+            hf_text_config=text_config,
             dtype=torch.bfloat16,
             max_model_len=8192,
             original_max_model_len=8192,
@@ -176,7 +197,7 @@ def build_model(gpu, backend: str | None, block_size: int | None) -> VllmConfig:
     )
     layer_cls = layer_class(gpu, backend)
     with set_current_vllm_config(config), torch.device("meta"):
-        for layer in range(hf_config.num_hidden_layers):
+        for layer in range(text_config.num_hidden_layers):
             layer_cls(config, prefix=f"model.layers.{layer}.self_attn")
     # After the model loads, vLLM picks the block size the user left unset.
     current_platform.update_block_size_for_backend(config)
@@ -196,7 +217,9 @@ def bind(config: VllmConfig) -> None:
             specs.values(),
         )
         groups = get_global_kv_cache_groups(config, [specs])
-        (kv_cache_config,) = get_kv_cache_configs(config, [specs], [4 << 30], groups)
+        (kv_cache_config,) = get_kv_cache_configs(
+            config, [specs], [KV_CACHE_BYTES], groups
+        )
         attn_groups, _, kernel_block_sizes = init_attn_backend(
             kv_cache_config, config, torch.device("cpu")
         )
@@ -210,29 +233,63 @@ def bind(config: VllmConfig) -> None:
         )
 
 
-def refusal(gpu, backend: str | None, block_size: int | None) -> str | None:
+def refusal(
+    gpu, backend: str | None, block_size: int | None, pattern: str = "published"
+) -> str | None:
     """What building the model raises (None: it builds)."""
     try:
-        build_model(gpu, backend, block_size)
+        build_model(gpu, backend, block_size, pattern)
     except ValueError as e:
         return str(e)
     return None
 
 
+# What vLLM raises where binding cannot serve a block size: a block the
+# kernel blocks do not divide, or a packed block it would have to split.
+BINDING_ERRORS = r"No common block size|cannot be split into"
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("gpu,backend", GPU_BACKENDS)
-def test_layers_refuse_what_binding_cannot_serve(on_gpu, gpu, backend, block_size):
+def test_layers_refuse_what_binding_cannot_serve(
+    on_gpu, gpu, backend, block_size, pattern
+):
     on_gpu(gpu)
-    message = refusal(gpu, backend, block_size)
+    message = refusal(gpu, backend, block_size, pattern)
     if message is None:
-        bind(build_model(gpu, backend, block_size))
+        bind(build_model(gpu, backend, block_size, pattern))
         return
     # The same caches, had vLLM rather than the user picked this size: the
     # layers do not check it, and binding fails.
-    config = build_model(gpu, backend, None)
+    config = build_model(gpu, backend, None, pattern)
     config.cache_config.block_size = block_size
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=BINDING_ERRORS):
         bind(config)
+
+
+def message(block_size: int, cause: str, advice: str) -> str:
+    return f"--block-size {block_size} cannot serve DeepSeek V4.1: {cause}. {advice}"
+
+
+def kernel_blocks(backend: str, kernel: int, block_size: int) -> str:
+    return (
+        f"{backend} reads {kernel}-token kernel blocks, which packed "
+        f"{block_size}-token blocks cannot be split into"
+    )
+
+
+def not_a_multiple(block_size: int, kernels: str, backend: str) -> str:
+    return (
+        f"{block_size}-token blocks are not a multiple of the {kernels}-token "
+        f"kernel blocks {backend} reads"
+    )
+
+
+FLASHMLA, FLASHINFER = "FLASHMLA_SPARSE_DSV41", "FLASHINFER_MLA_SPARSE_DSV41"
+ROCM_FLASHMLA = "ROCM_FLASHMLA_SPARSE_DSV41"
+USE_64 = "Use --block-size 64, or leave it unset."
+USE_128 = "Use --block-size 128, or leave it unset."
 
 
 @pytest.mark.parametrize(
@@ -242,9 +299,7 @@ def test_layers_refuse_what_binding_cannot_serve(on_gpu, gpu, backend, block_siz
             (10, 0),
             None,
             64,
-            "--block-size 64 cannot serve DeepSeek V4.1: 64-token blocks are not a "
-            "multiple of the 128-token kernel blocks FLASHMLA_SPARSE_DSV41 reads. "
-            "Use --block-size 128, or leave it unset.",
+            message(64, not_a_multiple(64, "128", FLASHMLA), USE_128),
             [128],
             id="below",
         ),
@@ -252,44 +307,47 @@ def test_layers_refuse_what_binding_cannot_serve(on_gpu, gpu, backend, block_siz
             (9, 0),
             None,
             96,
-            "--block-size 96 cannot serve DeepSeek V4.1: 96-token blocks are not a "
-            "multiple of the 64-token kernel blocks FLASHMLA_SPARSE_DSV41 reads. "
-            "Use --block-size 64, or leave it unset.",
+            message(96, not_a_multiple(96, "64", FLASHMLA), USE_64),
             [64],
             id="between",
         ),
         pytest.param(
             (10, 0),
-            "FLASHINFER_MLA_SPARSE_DSV41",
+            FLASHINFER,
             256,
-            "--block-size 256 cannot serve DeepSeek V4.1: FLASHINFER_MLA_SPARSE_DSV41 "
-            "reads 128-token kernel blocks, which packed 256-token blocks of a cache "
-            "with one token per state cannot be split into. Use --block-size 128, "
-            "or leave it unset.",
+            # With a ratio-1 kv source FlashInfer's blocks are the first that
+            # cannot split; without one, those of the indexer.
+            {
+                "published": message(256, kernel_blocks(FLASHINFER, 128, 256), USE_128),
+                "no-ratio-1": message(
+                    256, kernel_blocks("DEEPSEEK_V41_INDEXER", 128, 256), USE_128
+                ),
+            },
             [128],
             id="above",
+        ),
+        # ROCm's attention reads 64- and 128-token blocks, its indexer 64 only:
+        # the advice is what serves every cache of the model.
+        *(
+            pytest.param(
+                ROCM,
+                None,
+                size,
+                message(
+                    size, not_a_multiple(size, "64- or 128", ROCM_FLASHMLA), USE_64
+                ),
+                [64],
+                id=f"rocm-{size}",
+            )
+            for size in (16, 32, 96)
         ),
         pytest.param(
             ROCM,
             None,
             256,
-            "--block-size 256 cannot serve DeepSeek V4.1: ROCM_FLASHMLA_SPARSE_DSV41 "
-            "reads 128-token kernel blocks, which packed 256-token blocks of a cache "
-            "with one token per state cannot be split into. Use --block-size 64, "
-            "or leave it unset.",
+            message(256, kernel_blocks(ROCM_FLASHMLA, 128, 256), USE_64),
             [64],
             id="rocm-above",
-        ),
-        pytest.param(
-            (12, 0),
-            "FLASHMLA_SPARSE_DSV41",
-            128,
-            "--block-size 128 cannot serve DeepSeek V4.1: DEEPSEEK_V41_INDEXER reads "
-            "64-token kernel blocks, which packed 128-token blocks of a cache with "
-            "one token per state cannot be split into. Choose another "
-            "--attention-backend.",
-            [],
-            id="no-size-serves",
         ),
     ],
 )
@@ -297,6 +355,26 @@ def test_message_names_the_cause_and_what_serves(
     on_gpu, gpu, backend, block_size, expected, serves
 ):
     on_gpu(gpu)
-    assert refusal(gpu, backend, block_size) == expected
+    for pattern in PATTERNS:
+        wanted = expected if isinstance(expected, str) else expected[pattern]
+        assert refusal(gpu, backend, block_size, pattern) == wanted
     for size in serves:
         bind(build_model(gpu, backend, size))
+
+
+def test_message_when_no_size_serves(on_gpu, monkeypatch):
+    """FlashMLA's layer on SM120, as the model built it where nothing refused
+    the backend first: its caches and its indexer's read kernel blocks no
+    single --block-size serves."""
+    from vllm.models.deepseek_v41.nvidia import model
+    from vllm.models.deepseek_v41.nvidia.flashmla import DeepseekV4FlashMLAAttention
+
+    monkeypatch.setattr(
+        model, "_select_dsv4_attn_cls", lambda config: DeepseekV4FlashMLAAttention
+    )
+    on_gpu((12, 0))
+    assert refusal((12, 0), None, 128) == message(
+        128,
+        kernel_blocks("DEEPSEEK_V41_INDEXER", 64, 128),
+        "Choose another --attention-backend.",
+    )

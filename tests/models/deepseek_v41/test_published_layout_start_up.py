@@ -111,7 +111,7 @@ def _start_up_refusal(
         layer_cls.backend_cls.negotiate(config)
         size = block_size or _default_block_size(layer_cls)
         specs = report.cache_specs(layer_cls, capability, LAYOUT, "fp8", size)
-        report.check_block_size(layer_cls, specs, block_size)
+        report.check_block_size(layer_cls, specs, block_size, LAYOUT)
     except ValueError as e:  # UnsupportedSparseMLAConfig is one
         return str(e)
     return None
