@@ -102,26 +102,41 @@ def test_triton_backend_needs_no_flashinfer_kernel(on_gpu, monkeypatch, gpu):
     bind_kv_caches(build_layers(TRITON))
 
 
+FLASHMLA = "FLASHMLA_SPARSE_DSV41"
+MEGA = "FLASHMLA_MEGA_ATTN_DSV41"
+
+
 @pytest.mark.parametrize(
-    "gpu,backend",
+    "gpu,backend,refused,usable",
     [
-        ((8, 9), TRITON),
-        ((10, 0), TRITON),
-        ((10, 3), TRITON),
-        ((11, 0), TRITON),
-        ((8, 9), FLASHINFER),
-        ((9, 0), FLASHINFER),
+        # Named with --attention-backend on a GPU it has no kernel for.
+        ((8, 9), TRITON, TRITON, []),
+        ((10, 0), TRITON, TRITON, [FLASHMLA, MEGA, FLASHINFER]),
+        ((10, 3), TRITON, TRITON, [FLASHMLA, MEGA, FLASHINFER]),
+        ((11, 0), TRITON, TRITON, []),
+        ((8, 9), FLASHINFER, FLASHINFER, []),
+        ((9, 0), FLASHINFER, FLASHINFER, [FLASHMLA, TRITON]),
+        ((12, 0), FLASHMLA, FLASHMLA, [FLASHINFER, TRITON]),
+        ((12, 1), FLASHMLA, FLASHMLA, [FLASHINFER, TRITON]),
+        ((8, 9), FLASHMLA, FLASHMLA, []),
+        # The class vLLM picks by default, on a GPU it has no kernel for.
+        ((8, 9), None, FLASHMLA, []),
     ],
 )
-def test_a_backend_is_refused_on_a_gpu_it_has_no_kernel_for(on_gpu, gpu, backend):
+def test_a_class_is_refused_on_a_gpu_it_has_no_kernel_for(
+    on_gpu, gpu, backend, refused, usable
+):
     on_gpu(gpu)
     sm = f"SM{gpu[0]}{gpu[1]}"
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(ValueError) as raised:
         build_layers(backend)
-    assert str(refused.value) == (
-        f"--attention-backend {backend} has no DeepSeek V4.1 kernel for {sm} GPUs. "
-        "Leave --attention-backend unset for this GPU's default, or choose a "
-        "backend built for it."
+    advice = (
+        f"Use --attention-backend {' or '.join(usable)}."
+        if usable
+        else f"No DeepSeek V4.1 attention backend runs on {sm}."
+    )
+    assert str(raised.value) == (
+        f"{refused} has no DeepSeek V4.1 kernel for {sm} GPUs. {advice}"
     )
 
 
