@@ -24,7 +24,17 @@ its per-step planning, its output buffer and the padding of fewer than 64
 heads to 64 are made once, outside the timed region. ``--check-targets``
 fails the run where a row's ratio to FlashMLA misses ``TARGETS``.
 
-Writes dsv41_sparse_mla_<gpu>.json and .md.
+Peers beside FlashMLA's decode, in the same process on the same inputs:
+vLLM's small-head Triton decode (``--small-head PATH``: a copy of an upstream
+branch's file kept outside the repository, loaded by path, its sha256
+recorded; absent without it; small_head_peer.py), and, for the prefill rows
+(1K/4K/16K query tokens of one request after 8,192 earlier ones), FlashMLA's
+sparse prefill as vLLM's FlashMLA layer runs it: vLLM's dequantize-and-gather
+into a BF16 workspace plus ``flash_mla_sparse_fwd``, timed together and the
+kernel alone. Every kernel's error against float64 and its share of the
+memory floor (this GPU's measured copy bandwidth) are in each row.
+
+Writes dsv41_sparse_mla_<gpu>.json (after every row) and .md.
 """
 
 import argparse
@@ -46,6 +56,8 @@ import vllm.v1.attention.ops.triton_dsv41_sparse_mla as kernel_module
 K = kernel_module
 
 # Ceilings measured on this workplace's H200 (device copy and dense BF16 GEMM).
+# A run measures the copy bandwidth of its own GPU first (--peak-bw 0) and
+# uses that for the memory floor.
 PEAK_BW = 4.3e12
 PEAK_FLOPS = 790e12
 SWA_CAP = 128
@@ -58,6 +70,14 @@ RECORD = 584
 # (FlashMLA pads fewer than 64 heads to 64), and each DSpark row.
 TARGETS = {8: 1.3, 16: 1.3, 32: 1.1, 64: 1.0, 128: 0.9}
 DSPARK_TARGET = 1.0
+# The least small-head decode time / ours (decode rows at 8 and 16 heads),
+# and FlashMLA sparse prefill kernel time / ours (prefill rows at 8-32 heads).
+SMALL_HEAD_TARGET = 1.2
+PREFILL_TARGETS = {8: 1.0, 16: 1.0, 32: 1.0}
+# Prefill rows: one request whose query tokens follow this many earlier
+# tokens; its compressed cache holds one entry per COMPRESS_RATIO tokens.
+PREFILL_CONTEXT = 8192
+COMPRESS_RATIO = 4
 
 
 def make_pool(num_pages: int, g: torch.Generator) -> torch.Tensor:
@@ -137,6 +157,71 @@ def make_inputs(tokens: int, heads: int, seed: int = 0, dspark: bool = False):
     return x
 
 
+def make_prefill_inputs(tokens: int, heads: int, seed: int = 0) -> dict:
+    """One request's prefill chunk: ``tokens`` query tokens at positions
+    PREFILL_CONTEXT.. of one sequence. Each token sees the WINDOW SWA slots
+    ending at itself and CMP_CAP distinct compressed entries among those its
+    position has completed (a random top-k). Pages of both caches are a random
+    permutation of larger pools. Besides the op's inputs (global slot ids),
+    ``prefill`` holds what vLLM's FlashMLA layer works from: block tables and
+    each token's positions in the BF16 workspace its gathers fill (the
+    compressed rows first, then the SWA rows from the first one any token
+    sees)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev = torch.device("cuda")
+    seq_len = PREFILL_CONTEXT + tokens
+    n_cmp = seq_len // COMPRESS_RATIO
+    swa_used, cmp_used = -(-seq_len // PAGE), -(-n_cmp // PAGE)
+    swa_pool, cmp_pool = 2 * swa_used, max(2 * cmp_used, 64)
+    swa, cmp = make_pool(swa_pool, g), make_pool(cmp_pool, g)
+
+    def table(pool_pages: int, used: int) -> torch.Tensor:
+        perm = torch.randperm(pool_pages, generator=g, device=dev)
+        return perm[:used].to(torch.int32)[None]
+
+    swa_table, cmp_table = table(swa_pool, swa_used), table(cmp_pool, cmp_used)
+
+    def slots(tab: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return (tab[0, pos // PAGE].long() * PAGE + pos % PAGE).to(torch.int32)
+
+    pos = PREFILL_CONTEXT + torch.arange(tokens, device=dev)
+    swa_pos = pos[:, None] - (WINDOW - 1) + torch.arange(WINDOW, device=dev)
+    visible = (pos + 1) // COMPRESS_RATIO
+    entries = torch.empty(tokens, CMP_CAP, dtype=torch.long, device=dev)
+    col = torch.arange(n_cmp, device=dev)
+    for t0 in range(0, tokens, 1024):
+        v = visible[t0 : t0 + 1024]
+        r = torch.rand(v.shape[0], n_cmp, generator=g, device=dev)
+        r.masked_fill_(col[None] >= v[:, None], 2.0)
+        entries[t0 : t0 + 1024] = r.topk(CMP_CAP, dim=1, largest=False).indices
+    swa_gather = tokens + WINDOW - 1
+    ws_idx = torch.cat([entries, n_cmp + swa_pos - (seq_len - swa_gather)], 1)
+    q = torch.randn(tokens, heads, 512, device=dev, generator=g).to(torch.bfloat16)
+    full = lambda n: torch.full((tokens,), n, dtype=torch.int32, device=dev)  # noqa: E731
+    return dict(
+        query=q,
+        swa=swa,
+        swa_idx=slots(swa_table, swa_pos)[:, None],
+        swa_lens=full(WINDOW),
+        cmp=cmp,
+        cmp_idx=slots(cmp_table, entries)[:, None],
+        cmp_lens=full(CMP_CAP),
+        sinks=torch.randn(heads, device=dev, generator=g),
+        out=torch.empty_like(q),
+        scale=512**-0.5,
+        prefill=dict(
+            seq_len=seq_len,
+            n_cmp=n_cmp,
+            swa_gather=swa_gather,
+            page=PAGE,
+            swa_table=swa_table,
+            cmp_table=cmp_table,
+            ws_idx=ws_idx.to(torch.int32),
+            ws_lens=full(CMP_CAP + WINDOW),
+        ),
+    )
+
+
 def segments(x) -> list[tuple]:
     """(pool, [T, N] slot ids, live lengths) of each segment present."""
     segs = [(x["swa"], x["swa_idx"][:, 0], x["swa_lens"])]
@@ -206,6 +291,8 @@ def bench(fn, rep_ms: int = 200) -> float:
     clears L2 before every timed replay, so rows come from HBM.
     """
     fn()  # compile and allocate outside the capture
+    if not GRAPHS:
+        return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -217,6 +304,19 @@ def bench(fn, rep_ms: int = 200) -> float:
     return triton.testing.do_bench(
         graph.replay, warmup=25, rep=rep_ms, return_mode="median"
     )
+
+
+# --no-graphs: time eager calls instead of graph replays.
+GRAPHS = True
+
+
+def measure_copy_bw() -> float:
+    """Device-to-device copy bandwidth of this GPU (bytes read + written per
+    second), median over a 1 GiB copy."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), return_mode="median")
+    return 2 * (1 << 30) / (ms * 1e-3)
 
 
 def _dequant_f64(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -274,9 +374,14 @@ def point(
     kind: str,
     rep_ms: int = 200,
     peer=None,
+    small_head=None,
+    prefill_peer=None,
     **cfg,
 ) -> dict:
-    x = make_inputs(tokens, heads, dspark=kind == "dspark")
+    if kind == "prefill" and prefill_peer is not None:
+        x = make_prefill_inputs(tokens, heads)
+    else:
+        x = make_inputs(tokens, heads, dspark=kind == "dspark")
     swa_cap = x["swa_idx"].shape[-1]
     cmp_cap = 0 if x["cmp"] is None else x["cmp_idx"].shape[-1]
     ref = reference_f64(x)
@@ -305,12 +410,34 @@ def point(
         pct_of_floor=100.0 * floor_s / (t_ms * 1e-3),
         rel_err_f64=err,
     )
-    if peer is not None and heads <= 128:
+    if small_head is not None and kind != "prefill" and small_head.supports(heads):
+        run_small = small_head.prepare(x)
+        row["small_head_rel_err_f64"] = rel_err(run_small(), ref)
+        t_small = bench(run_small, rep_ms)
+        row["small_head_us"] = t_small * 1e3
+        row["small_head_pct_of_floor"] = 100.0 * floor_s / (t_small * 1e-3)
+        row["speed_vs_small_head"] = t_small / t_ms
+        if kind == "decode":
+            row["small_head_target"] = SMALL_HEAD_TARGET
+    if prefill_peer is not None and kind == "prefill":
+        both, kernel_only = prefill_peer.prepare(x)
+        row["flashmla_prefill_rel_err_f64"] = rel_err(both(), ref)
+        t_both = bench(both, rep_ms)
+        t_kernel = bench(kernel_only, rep_ms)
+        row["flashmla_prefill_us"] = t_kernel * 1e3
+        row["flashmla_gather_prefill_us"] = t_both * 1e3
+        row["flashmla_prefill_pct_of_floor"] = 100.0 * floor_s / (t_kernel * 1e-3)
+        row["flashmla_prefill_tflops"] = flops / (t_kernel * 1e-3) / 1e12
+        row["speed_vs_flashmla_prefill"] = t_kernel / t_ms
+        row["speed_vs_flashmla_gather_prefill"] = t_both / t_ms
+        row["prefill_target"] = PREFILL_TARGETS.get(heads)
+    if peer is not None and heads <= 128 and kind != "prefill":
         run_peer = peer.prepare(x)
         row["flashmla_rel_err_f64"] = rel_err(run_peer(), ref)
         t_peer = bench(run_peer, rep_ms)
         row["flashmla_us"] = t_peer * 1e3
         row["flashmla_heads"] = 64 if heads <= 64 else 128
+        row["flashmla_pct_of_floor"] = 100.0 * floor_s / (t_peer * 1e-3)
         # > 1: ours is faster.
         row["speed_vs_flashmla"] = t_peer / t_ms
         row["target"] = target(kind, heads)
@@ -339,6 +466,31 @@ def missed_targets(rows: list[dict]) -> list[str]:
                 f"{have} < {want}"
             )
     return missed
+
+
+def missed_peer_targets(rows: list[dict]) -> list[str]:
+    """Rows that miss their ratio to the small-head decode (decode rows at 8
+    or 16 heads, when it was given) or to FlashMLA's sparse prefill kernel
+    alone (prefill rows at 8-32 heads, when it loaded), or that exceed the
+    error budget."""
+    missed = []
+    for r in rows:
+        name = f"{r['kind']} {r['tokens']} tokens x {r['heads']} heads"
+        for key, want_key, peer in (
+            ("speed_vs_small_head", "small_head_target", "small-head decode"),
+            ("speed_vs_flashmla_prefill", "prefill_target", "FlashMLA prefill"),
+        ):
+            want, got = r.get(want_key), r.get(key)
+            if want is not None and got is not None and not got >= want:
+                missed.append(f"{name}: {got:.2f} < {want} vs {peer}")
+        for key in [k for k in r if k.endswith("rel_err_f64")]:
+            if not r[key] < ERR_BUDGET:
+                missed.append(f"{name}: {key} {r[key]:.1e} >= {ERR_BUDGET}")
+    return missed
+
+
+# A row counts only where every kernel is this close to float64.
+ERR_BUDGET = 1e-2
 
 
 def _f(r: dict, key: str, fmt: str) -> str:
@@ -398,6 +550,79 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         )
     missed = missed_targets(rows)
     lines += ["", "Targets: " + ("; ".join(missed) if missed else "all met") + "."]
+    if any("small_head_us" in r for r in rows):
+        lines += [
+            "",
+            (
+                "Small-head decode: vLLM's `small_head_sparse_decode` from an "
+                f"upstream branch, file sha256 {meta.get('small_head_sha256')}, "
+                "loaded from a copy outside the repository and called on the same "
+                "inputs (8 or 16 heads only; in vLLM its own gate sends it at most "
+                "16 tokens). vs small-head = its time / ours."
+            ),
+            "",
+            (
+                "| kind | tokens | heads | ours (us) | small-head (us) "
+                "| vs small-head | target | small-head err | ours % of floor "
+                "| small-head % of floor |"
+            ),
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            if "small_head_us" in r:
+                lines.append(
+                    f"| {r['kind']} | {r['tokens']} | {r['heads']} "
+                    f"| {r['time_us']:.1f} | {r['small_head_us']:.1f} "
+                    f"| {r['speed_vs_small_head']:.2f} "
+                    f"| {_f(r, 'small_head_target', '.1f')} "
+                    f"| {r['small_head_rel_err_f64']:.1e} "
+                    f"| {r['pct_of_floor']:.1f} | {r['small_head_pct_of_floor']:.1f} |"
+                )
+    else:
+        lines += ["", "Small-head decode: absent (no --small-head file given)."]
+    if any("flashmla_prefill_us" in r for r in rows):
+        lines += [
+            "",
+            (
+                f"Prefill: one request, {PREFILL_CONTEXT} earlier tokens, the "
+                "query tokens after them; each token sees its "
+                f"{WINDOW} SWA slots and {CMP_CAP} of the compressed entries "
+                f"(one per {COMPRESS_RATIO} tokens) its position has completed. "
+                "FlashMLA as vLLM's FlashMLA layer runs it: "
+                f"dequantize_and_gather_k_cache ({meta.get('gather')} path) of the "
+                "request's compressed rows and SWA rows into a BF16 workspace, "
+                "then flash_mla_sparse_fwd at the local heads (workspace positions "
+                "made outside the timed region). gather+kernel and kernel alone "
+                "are timed separately; vs = FlashMLA time / ours."
+            ),
+            "",
+            (
+                "| tokens | heads | ours (us) | FlashMLA kernel (us) "
+                "| gather+kernel (us) | vs kernel | vs gather+kernel | target "
+                "| ours err | FlashMLA err | ours TFLOP/s | FlashMLA TFLOP/s |"
+            ),
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            if "flashmla_prefill_us" in r:
+                lines.append(
+                    f"| {r['tokens']} | {r['heads']} | {r['time_us']:.1f} "
+                    f"| {r['flashmla_prefill_us']:.1f} "
+                    f"| {r['flashmla_gather_prefill_us']:.1f} "
+                    f"| {r['speed_vs_flashmla_prefill']:.2f} "
+                    f"| {r['speed_vs_flashmla_gather_prefill']:.2f} "
+                    f"| {_f(r, 'prefill_target', '.1f')} "
+                    f"| {r['rel_err_f64']:.1e} "
+                    f"| {r['flashmla_prefill_rel_err_f64']:.1e} "
+                    f"| {r['tflops']:.0f} | {r['flashmla_prefill_tflops']:.0f} |"
+                )
+    peer_missed = missed_peer_targets(rows)
+    lines += [
+        "",
+        "Peer targets and error budget: "
+        + ("; ".join(peer_missed) if peer_missed else "all met")
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -414,6 +639,29 @@ def _load_peer():
     return flashmla_peer.FlashMLAPeer(interface), version("vllm")
 
 
+def _load_prefill_peer():
+    """FlashMLA's sparse prefill with vLLM's gather, and the gather's path."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import flashmla_peer
+
+    interface, why = flashmla_peer.load()
+    gather, path = flashmla_peer.load_gather()
+    if interface is None or gather is None:
+        print(f"FlashMLA prefill not available: {why if interface is None else path}")
+        return None, None
+    return flashmla_peer.FlashMLAPrefillPeer(interface, gather), path
+
+
+def _load_small_head(path: str | None):
+    if not path:
+        return None, None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import small_head_peer
+
+    module, sha = small_head_peer.load(path)
+    return small_head_peer.SmallHeadPeer(module), sha
+
+
 def _driver() -> str:
     try:
         out = subprocess.run(
@@ -425,7 +673,7 @@ def _driver() -> str:
         return "unknown"
 
 
-DECODE_TOKENS = (1, 2, 4, 8, 32, 128, 256)
+DECODE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DECODE_HEADS = (8, 16, 32, 64, 128)
 # DSpark decode: requests per step (x DSPARK_QUERY_TOKENS tokens) x heads.
 DSPARK_REQUESTS = (1, 8, 32)
@@ -440,8 +688,29 @@ def main() -> None:
     global _DSPARK_SWA_WIDTH
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", default="benchmarks/results")
-    ap.add_argument("--prefill-tokens", type=int, default=4096)
-    ap.add_argument("--prefill-heads", type=int, default=128)
+    ap.add_argument(
+        "--prefill-tokens",
+        default="1024,4096,16384",
+        help="comma-separated query-token counts of the prefill rows",
+    )
+    ap.add_argument(
+        "--prefill-heads",
+        default="8,16,32,64,128",
+        help="comma-separated head counts of the prefill rows",
+    )
+    ap.add_argument(
+        "--small-head",
+        default=None,
+        help="path of a copy of vLLM's small_head_sparse_decode.py (an upstream "
+        "branch's file, kept outside the repository): times it as a peer",
+    )
+    ap.add_argument(
+        "--peak-bw",
+        type=float,
+        default=0.0,
+        help="bytes/s of the memory floor (0: measure this GPU's copy bandwidth)",
+    )
+    ap.add_argument("--no-graphs", action="store_true", help="time eager calls")
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--no-dspark", action="store_true", help="skip the DSpark rows")
     ap.add_argument(
@@ -465,8 +734,15 @@ def main() -> None:
     )
     ap.add_argument("--rep-ms", type=int, default=200)
     args = ap.parse_args()
+    global PEAK_BW, GRAPHS
     _DSPARK_SWA_WIDTH = args.dspark_swa_width
+    GRAPHS = not args.no_graphs
     peer, peer_version = (None, None) if args.no_flashmla else _load_peer()
+    prefill_peer, gather_path = (
+        (None, None) if args.no_flashmla or args.no_prefill else _load_prefill_peer()
+    )
+    small_head, small_head_sha = _load_small_head(args.small_head)
+    PEAK_BW = args.peak_bw or measure_copy_bw()
 
     props = torch.cuda.get_device_properties(0)
     meta = dict(
@@ -484,17 +760,30 @@ def main() -> None:
         kernel=K.__name__,
         flashmla=peer_version,
         dspark_swa_width_given=args.dspark_swa_width,
+        peak_bw_measured=not args.peak_bw,
+        small_head_path=args.small_head,
+        small_head_sha256=small_head_sha,
+        gather=gather_path,
+        graphs=GRAPHS,
     )
     os.makedirs(args.out_dir, exist_ok=True)
-    result: dict = dict(meta=meta)
     if args.points:
         points = _parse_points(args.points)
     else:
         points = [(t, h) for t in DECODE_TOKENS for h in DECODE_HEADS]
     rows = []
+    tag = meta["gpu"].replace(" ", "_").lower() + args.tag
+    base = os.path.join(args.out_dir, f"dsv41_sparse_mla_{tag}")
+
+    def save() -> None:
+        # After every row, so a run cut short keeps what it measured.
+        with open(base + ".json", "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1, default=str)
+
     for tokens, heads in points:
-        r = point(tokens, heads, "decode", args.rep_ms, peer)
+        r = point(tokens, heads, "decode", args.rep_ms, peer, small_head)
         rows.append(r)
+        save()
         print(
             f"decode T={tokens:4d} H={heads:3d} {r['time_us']:8.1f} us "
             f"{r['pct_of_floor']:5.1f}% of floor err {r['rel_err_f64']:.1e}"
@@ -504,6 +793,13 @@ def main() -> None:
                 f"ours {r['speed_vs_flashmla']:.2f}x"
                 if "flashmla_us" in r
                 else ""
+            )
+            + (
+                f" | small-head {r['small_head_us']:7.1f} us "
+                f"err {r['small_head_rel_err_f64']:.1e} "
+                f"ours {r['speed_vs_small_head']:.2f}x"
+                if "small_head_us" in r
+                else ""
             ),
             flush=True,
         )
@@ -511,8 +807,9 @@ def main() -> None:
     for requests in dspark:
         for heads in DSPARK_HEADS:
             tokens = requests * DSPARK_QUERY_TOKENS
-            r = point(tokens, heads, "dspark", args.rep_ms, peer)
+            r = point(tokens, heads, "dspark", args.rep_ms, peer, small_head)
             rows.append(r)
+            save()
             print(
                 f"dspark T={tokens:4d} H={heads:3d} {r['time_us']:8.1f} us"
                 + (
@@ -524,20 +821,36 @@ def main() -> None:
                 flush=True,
             )
     if not args.no_prefill:
-        rows.append(
-            point(args.prefill_tokens, args.prefill_heads, "prefill", args.rep_ms)
-        )
-    result["rows"] = rows
-    tag = meta["gpu"].replace(" ", "_").lower() + args.tag
-    base = os.path.join(args.out_dir, f"dsv41_sparse_mla_{tag}")
-    with open(base + ".json", "w") as f:
-        json.dump(result, f, indent=1, default=str)
+        for tokens in [int(v) for v in args.prefill_tokens.split(",")]:
+            for heads in [int(v) for v in args.prefill_heads.split(",")]:
+                r = point(
+                    tokens, heads, "prefill", args.rep_ms,
+                    prefill_peer=prefill_peer,
+                )  # fmt: skip
+                rows.append(r)
+                save()
+                print(
+                    f"prefill T={tokens:5d} H={heads:3d} {r['time_us']:9.1f} us "
+                    f"err {r['rel_err_f64']:.1e}"
+                    + (
+                        f" | FlashMLA kernel {r['flashmla_prefill_us']:9.1f} us "
+                        f"+gather {r['flashmla_gather_prefill_us']:9.1f} us "
+                        f"err {r['flashmla_prefill_rel_err_f64']:.1e} "
+                        f"ours {r['speed_vs_flashmla_prefill']:.2f}x"
+                        if "flashmla_prefill_us" in r
+                        else ""
+                    ),
+                    flush=True,
+                )
+    save()
     md = markdown(meta, rows)
     with open(base + ".md", "w") as f:
         f.write(md)
     print(md)
     assert all(not math.isnan(r["rel_err_f64"]) for r in rows)
-    if args.check_targets and (missed := missed_targets(rows)):
+    if args.check_targets and (
+        missed := missed_targets(rows) + missed_peer_targets(rows)
+    ):
         sys.exit("targets missed:\n  " + "\n  ".join(missed))
 
 
