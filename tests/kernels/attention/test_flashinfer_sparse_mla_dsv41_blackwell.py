@@ -472,15 +472,18 @@ SM12X_CASES = {
 }
 
 
+def _layer_world(case: KernelCase, name: str) -> SimpleNamespace:
+    """The kernel world of ``case`` on the pages of this GPU's layer class."""
+    pages = _pages()
+    states = pages.states.get(case.ratio, 64)
+    return _kernel_world(case, pages.swa, states, seed=_seed(name))
+
+
 @SM10X
 @pytest.mark.parametrize("name", list(SM10X_CASES))
 def test_sm10x_trtllm_gen_matches_reference(name: str, workspace: torch.Tensor) -> None:
-    case = SM10X_CASES[name]
     assert _kernel() == SparseMLAKernel.TRTLLM_GEN
-    pages = _pages()
-    w = _kernel_world(
-        case, pages.swa, pages.states.get(case.ratio, 64), seed=_seed(name)
-    )
+    w = _layer_world(SM10X_CASES[name], name)
     _run_and_compare(_sm10x_arguments(w), w, "trtllm-gen", workspace)
 
 
@@ -489,12 +492,8 @@ def test_sm10x_trtllm_gen_matches_reference(name: str, workspace: torch.Tensor) 
 def test_sm12x_two_segment_matches_reference(
     name: str, workspace: torch.Tensor
 ) -> None:
-    case = SM12X_CASES[name]
     assert _kernel() == SparseMLAKernel.FLASHINFER_SM120
-    pages = _pages()
-    w = _kernel_world(
-        case, pages.swa, pages.states.get(case.ratio, 64), seed=_seed(name)
-    )
+    w = _layer_world(SM12X_CASES[name], name)
     _run_and_compare(_sm12x_arguments(w), w, "sparse", workspace)
 
 
