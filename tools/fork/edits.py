@@ -102,9 +102,7 @@ EDITS: tuple[Edit, ...] = (
         INSERT_BEFORE,
         '''
         def splits_into_kernel_blocks(spec: KVCacheSpec) -> bool:
-            """Whether a packed block of ``spec`` can be viewed as smaller kernel
-            blocks: only caches written from their block table, of several tokens
-            per state, can be."""
+            """Whether packed blocks of ``spec`` may be viewed as kernel blocks."""
             return spec.tokens_per_state > 1
 
 
@@ -113,13 +111,10 @@ EDITS: tuple[Edit, ...] = (
             spec: AttentionSpec,
             packed_with: Sequence[tuple[type[AttentionBackend], AttentionSpec]] = (),
         ) -> str | None:
-            """Why packed ``spec.block_size``-token blocks of ``spec`` cannot be bound
-            to the kernel blocks ``backend`` reads, or None if they can.
-            ``packed_with``: the caches whose pages share those blocks.
-
-            Kernel blocks that split a block must lie whole kernel pages apart,
-            and the block stride is known only to be a multiple of every packed
-            cache's alignment."""
+            """Why packed blocks of ``spec`` cannot be bound to the kernel blocks
+            ``backend`` reads, or None. A split needs whole kernel pages between
+            blocks, whose stride is a multiple of every packed cache's alignment
+            (``packed_with``: the caches sharing the blocks)."""
             spec = customize_attention_spec(backend, spec)
             try:
                 kernel_block_size = select_common_block_size(spec.block_size, [backend], [spec])
@@ -132,12 +127,9 @@ EDITS: tuple[Edit, ...] = (
                     f"{spec.block_size}-token blocks are not a multiple of the "
                     f"{sizes}-token kernel blocks {backend.get_name()} reads"
                 )
+            packed = [spec, *(customize_attention_spec(b, s) for b, s in packed_with)]
             block_stride_alignment = math.lcm(
-                spec.get_block_stride_alignment(),
-                *(
-                    customize_attention_spec(b, s).get_block_stride_alignment()
-                    for b, s in packed_with
-                ),
+                *(s.get_block_stride_alignment() for s in packed)
             )
             kernel_page_bytes = (
                 spec.get_num_kernel_states(kernel_block_size) * spec.state_content_size_bytes

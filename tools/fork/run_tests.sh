@@ -7,7 +7,8 @@
 #   bash tools/fork/run_tests.sh [pytest args]
 # VLLM_FORK_BASES="0.34.0" limits the run to the bases named.
 # VLLM_FORK_DROP_VENVS=1 deletes each base's dev venv after its tests, so that
-# a machine with little disk holds one base's packages at a time (.ci/run).
+# a machine with little disk holds at most two bases' packages (the one under
+# test and the next one being made) at a time (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -23,11 +24,32 @@ venv_of() {
   if [ "$1" = "$default_base" ]; then echo .venv; else echo ".venv-$1"; fi
 }
 
+# The next base's dev venv is made in the background while this base's tests
+# run: pip waits on the network and the disk, pytest on a core.
+prepare() {
+  python3 tools/fork/dev_env.py --base "$1" >"$logs/dev-env-$1.log" 2>&1
+}
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+read -r -a queue <<<"$bases"
+prepared=""
 failed=()
 linted=no
-for base in $bases; do
+for i in "${!queue[@]}"; do
+  base=${queue[$i]}
   venv=$(venv_of "$base")
+  if [ -n "$prepared" ]; then
+    wait "$prepared" || true
+    cat "$logs/dev-env-$base.log" >&2
+  fi
+  # Again in the foreground: a no-op once the background run made the venv,
+  # and the build (with its error) where that run failed.
   python3 tools/fork/dev_env.py --base "$base"
+  prepared=""
+  if [ $((i + 1)) -lt "${#queue[@]}" ]; then
+    prepare "${queue[$((i + 1))]}" &
+    prepared=$!
+  fi
   if [ "$linted" = no ]; then
     # shellcheck disable=SC1091
     source "$venv/bin/activate"
