@@ -16,9 +16,6 @@ from vllm_dsv41_plan import report
     [
         ((12, 0), 1, "fp8", 256, "cannot run 256 attention heads per GPU"),
         ((12, 0), 2, "bfloat16", 64, "--kv-cache-dtype bfloat16 is not served"),
-        # The page policy's Triton kernel would run on SM89; DeepSeek V4.1's
-        # DeepGEMM indexer would not.
-        ((8, 9), 1, "fp8", 64, "this GPU is SM89"),
     ],
 )
 def test_layers_refuse_what_the_report_refuses(
@@ -42,3 +39,25 @@ def test_layers_refuse_what_the_report_refuses(
         attention_backend="FLASHINFER_MLA_SPARSE_DSV41",
     )
     assert plan.error == str(built.value)
+
+
+def test_the_selection_refuses_sm89_before_any_layer(set_capability):
+    """On SM89 the model's choice of attention class refuses first (the page
+    policy's Triton kernel would run there; DeepSeek V4.1's DeepGEMM indexer
+    would not), and the report gives its words."""
+    set_capability(8, 9)
+    hf = vllm_config_stand_in(heads=64, cache_dtype="fp8").model_config.hf_config
+    hf.head_dim, hf.kv_source_layer_ids = 512, []
+    with pytest.raises(ValueError) as refused:
+        report.layer_class(policy.DeviceCapability(8, 9), "FLASHINFER_MLA_SPARSE_DSV41")
+    assert str(refused.value) == (
+        "FLASHINFER_MLA_SPARSE_DSV41 has no DeepSeek V4.1 kernel for SM89 GPUs. "
+        "No DeepSeek V4.1 attention backend runs on SM89."
+    )
+    plan = report.make_plan(
+        policy.DeviceCapability(8, 9),
+        hf,
+        kv_cache_dtype="fp8",
+        attention_backend="FLASHINFER_MLA_SPARSE_DSV41",
+    )
+    assert plan.error == str(refused.value)
