@@ -128,9 +128,7 @@ EDITS: tuple[Edit, ...] = (
                     f"{sizes}-token kernel blocks {backend.get_name()} reads"
                 )
             packed = [spec, *(customize_attention_spec(b, s) for b, s in packed_with)]
-            block_stride_alignment = math.lcm(
-                *(s.get_block_stride_alignment() for s in packed)
-            )
+            block_stride_alignment = math.lcm(*(s.get_block_stride_alignment() for s in packed))
             kernel_page_bytes = (
                 spec.get_num_kernel_states(kernel_block_size) * spec.state_content_size_bytes
             )
