@@ -2,12 +2,12 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """vLLM's small-head Triton sparse decode for SM90, as a benchmark peer.
 
-An upstream branch of vLLM (not a release this fork builds on) decodes
-DeepSeek V4.1 at 8 or 16 local heads on Hopper with its own Triton kernel,
+A development branch of vLLM, in no release, decodes DeepSeek V4.1 at 8 or
+16 local heads on Hopper with its own Triton kernel,
 ``small_head_sparse_decode``, over the same 584-byte ``fp8_ds_mla`` pages and
-global slot ids. This repository holds none of that code: the benchmark takes
-the path of a copy of the file (kept out of the repository), loads it as a
-module, calls its entry point and records the file's sha256 as provenance.
+global slot ids. The benchmark takes the path of a copy of that file, loads it
+as a module, calls its entry point and records the file's sha256 as
+provenance.
 """
 
 import hashlib
