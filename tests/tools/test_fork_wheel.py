@@ -18,7 +18,13 @@ import pytest
 
 from tools.fork import build_wheel
 from tools.fork.build_wheel import edited_upstream_files
-from tools.fork.common import REPO, fork_package_files, load_pin, new_module_files
+from tools.fork.common import (
+    REPO,
+    fork_package_files,
+    load_pin,
+    new_module_files,
+    venv_dir,
+)
 from tools.fork.edits import EDITS
 
 pytestmark = pytest.mark.slow
@@ -129,7 +135,7 @@ def test_record_matches_contents(fork_wheel):
             assert int(size) == len(data), name
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def fork_venv(fork_wheel):
     """A venv holding the fork wheel, installed by pip, beside the dev venv's
     other packages.
@@ -138,9 +144,11 @@ def fork_venv(fork_wheel):
     takes no disk, its vLLM is removed, and pip installs the fork wheel with
     no dependencies and no index. Resolving the wheel's dependencies from the
     package index is the main job's part (``tools/fork/main_job.py``); a
-    full install per base here would take more disk than CI has.
+    full install per base here would take more disk than CI has. One install
+    serves the module's tests; each base has its own, so the bases' suites can
+    run side by side.
     """
-    venv = REPO / ".venv-wheel-test"
+    venv = venv_dir(".venv-wheel-test")
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run(["cp", "-al", sys.prefix, venv], check=True)
     try:

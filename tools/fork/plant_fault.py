@@ -3,14 +3,15 @@
 """Plant a known fault in the fork's code and run pytest: its guard must fail.
 
 The faults sit in the dev venv's edited vLLM (the [Bugfix]'s rule, the
-model's selection) and in the plan report.
+model's selection), in the plan report and in the wheel build.
 
     python3 tools/fork/plant_fault.py FAULT [--base 0.34.0] [-- PYTEST ARGS]
     python3 tools/fork/plant_fault.py --list
 
 A fault in vLLM goes into a copy of the venv's ``vllm`` put ahead of it on
 PYTHONPATH, so the venv itself is never changed; one in the plan report is
-made in the checkout and undone after the run. Exit status: 0 when pytest
+made in the checkout and undone after the run (so no other test run may
+share the checkout meanwhile). Exit status: 0 when pytest
 failed (the fault was caught), 1 when it passed, 2 on a usage error.
 """
 
@@ -30,6 +31,7 @@ ATTENTION = "vllm/models/deepseek_v41/attention.py"
 WORKER_UTILS = "vllm/v1/worker/utils.py"
 MODEL = "vllm/models/deepseek_v41/nvidia/model.py"
 REPORT = "vllm_dsv41_plan/report.py"
+BUILD_WHEEL = "tools/fork/build_wheel.py"
 
 # name: (file, the text the fault replaces, what replaces it, what it breaks)
 FAULTS = {
@@ -81,6 +83,18 @@ FAULTS = {
         "None",
         "the plan report skips the layers' --block-size check",
     ),
+    "report-refusal-exits-0": (
+        REPORT,
+        "return 1 if report.error else 0",
+        "return 0",
+        "a refused plan exits 0, as if it served",
+    ),
+    "wheel-without-report": (
+        BUILD_WHEEL,
+        "paths = [*common.new_module_files(), *common.fork_package_files()]\n",
+        "paths = common.new_module_files()\n",
+        "the fork wheel ships without the plan report",
+    ),
 }
 
 
@@ -107,8 +121,9 @@ def plant(name: str, pytest_args: list[str]) -> int:
             shutil.copytree(installed, Path(overlay) / "vllm", symlinks=True)
             target = Path(overlay) / file
         else:
-            # The fork's own package is imported from the checkout, which
-            # comes first on sys.path: change it there and put it back.
+            # The fork's own package and tools are imported from the
+            # checkout, which comes first on sys.path: change them there and
+            # put them back.
             target = common.REPO / file
         text = target.read_text()
         if text.count(old) != 1:
