@@ -4,12 +4,14 @@
 
     python3 tools/fork/main_job.py [--base 0.30.0] [--base 0.34.0]
 
-For every base in the pin (or the ones named) it writes the wheels to
-``dist/`` and the patch series to ``dist/patches/vllm-<version>/``. The smoke
-check and the page-size plans run from the installed wheel, not this checkout.
+For every base in the pin (or the ones named), the bases side by side, it
+writes the wheels to ``dist/`` and the patch series to
+``dist/patches/vllm-<version>/``. The smoke check and the page-size plans run
+from the installed wheel, not this checkout.
 """
 
 import argparse
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -56,14 +58,41 @@ def run_base(base: str) -> list[Path]:
     return [*wheels, *patches]
 
 
-def main() -> None:
+def run_side_by_side(bases: list[str]) -> int:
+    """Each base in a process of its own, all at once: they share only the
+    download caches, and a venv install waits on the network and the disk
+    more than on a core. Each base's output is printed whole when it ends."""
+    failed = []
+    with contextlib.ExitStack() as stack:
+        jobs = []
+        for base in bases:
+            out = stack.enter_context(tempfile.TemporaryFile())
+            command = [sys.executable, __file__, "--base", base]
+            job = subprocess.Popen(command, stdout=out, stderr=out)
+            jobs.append((base, out, job))
+        for base, out, job in jobs:
+            status = job.wait()
+            out.seek(0)
+            sys.stdout.buffer.write(out.read())
+            sys.stdout.flush()
+            if status:
+                failed.append(base)
+    if failed:
+        log(f"the main job failed for vLLM {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     only = "only this base (repeatable; default: every base in the pin)"
     common.add_base_argument(parser, action="append", help=only)
     bases = parser.parse_args().base or common.all_bases()
-    for product in [p for base in bases for p in run_base(base)]:
+    if len(bases) > 1:
+        return run_side_by_side(bases)
+    for product in run_base(bases[0]):
         log(f"ready: {product.relative_to(REPO)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,14 +6,16 @@
 # lint once, with the first base's tools.
 #   bash tools/fork/run_tests.sh [pytest args]
 # VLLM_FORK_BASES="0.34.0" limits the run to the bases named.
+# VLLM_FORK_PYTEST_WORKERS=N sets each base's pytest workers (default: the
+# cores, at most four).
 # VLLM_FORK_DROP_VENVS=1 deletes each base's dev venv after its tests (.ci/run:
 # a clean clone keeps nothing).
 #
 # The bases are independent, so they run side by side: every dev venv is made
 # at once (pip waits on the network and the disk more than on a core), and
-# each base's pytest starts as soon as its venv is ready, one process a base,
-# so two bases use both cores of a small machine. Each base's output is kept
-# apart and printed whole when its run ends, with the time each phase took.
+# each base's pytest starts as soon as its venv is ready, on every core
+# (pytest-xdist). Each base's output is kept apart and printed whole when its
+# run ends, with the time each phase took.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -29,6 +31,11 @@ venv_of() {
   if [ "$1" = "$default_base" ]; then echo .venv; else echo ".venv-$1"; fi
 }
 timed() { echo "[tests] $1: $((SECONDS - $2)) s (at ${SECONDS} s)"; }
+
+# pytest workers a base: every core, at most four (each worker holds its own
+# vLLM and torch, over a GB); two bases on two cores share them.
+cores=$(nproc)
+workers=${VLLM_FORK_PYTEST_WORKERS:-$((cores < 4 ? cores : 4))}
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
@@ -52,9 +59,12 @@ start_pytest() {
     cases=few
     select=(-m "not default_base_only")
   fi
-  # --durations: the slowest tests, for keeping .ci/run short.
+  # --durations: the slowest tests, for keeping .ci/run short. Each test
+  # file stays on one worker, so a module's fixtures (a built wheel, a
+  # patched tree) are made once.
   VLLM_FORK_BASE="$base" DSV41_PLAN_REPORT_CASES="$cases" \
-    "$venv/bin/python" -m pytest --durations=15 "${select[@]}" "$@" \
+    "$venv/bin/python" -m pytest --durations=15 -n "$workers" --dist loadfile \
+    "${select[@]}" "$@" \
     >"$logs/pytest-$base.log" 2>&1 &
   pytest_job[$base]=$!
   pytest_start[$base]=$SECONDS
