@@ -26,7 +26,6 @@ FORK_PACKAGES = (REPO / "vllm_dsv41_plan",)
 PIN_FILE = REPO / "tools" / "fork" / "pin.py"
 SERIES_FILE = REPO / "tools" / "fork" / "series.toml"
 WHEEL_CACHE = REPO / ".cache" / "wheels"
-PIP_CACHE = REPO / ".cache" / "pip"
 DEV_REQUIREMENTS = REPO / "requirements" / "dev.txt"
 # A fresh CI machine downloads a few GB from the package index: one dropped
 # connection must not fail the run, so pip is retried after these waits.
@@ -135,10 +134,11 @@ def upstream_wheel(arch: str | None = None) -> Path:
         platform_tag = name.rsplit("-", 1)[-1].removesuffix(".whl")
         # pip moves the file into --dest once complete, so an interrupted
         # download leaves no partial wheel and two builds do not collide.
+        # --dest is the cache: pip's own would hold the wheel a second time.
         run_pip(
             Path(sys.executable), "download", "--no-deps", "--only-binary=:all:",
             "--platform", platform_tag, "--dest", WHEEL_CACHE,
-            f"vllm=={pin.VLLM_VERSION}", env=dict(os.environ),
+            f"vllm=={pin.VLLM_VERSION}", env={**os.environ, "PIP_NO_CACHE_DIR": "1"},
         )  # fmt: skip
     if not path.exists():
         raise SystemExit(
@@ -164,11 +164,9 @@ def provision_venv(
     pin = load_pin()
     if not (python := venv_python(venv)).exists():
         run(sys.executable, "-m", "venv", venv)
-    # One download cache for every venv of this checkout: the main job's wheel
-    # venv and the dev venv of a base hold the same packages, so a run fetches
-    # each file once. It lives in the checkout, not in the user's pip cache.
-    env = {**os.environ, "PIP_PROGRESS_BAR": "off", "PIP_CACHE_DIR": str(PIP_CACHE)}
-    env.pop("PIP_NO_CACHE_DIR", None)
+    # No download cache: beside the venvs it would double the disk that the
+    # CUDA wheels of vLLM 0.34's requirements take.
+    env = {**os.environ, "PIP_PROGRESS_BAR": "off", "PIP_NO_CACHE_DIR": "1"}
     torch = f"torch=={pin.TORCH_VERSION}"
     run_pip(python, "install", "-q", torch, env=env)
     flashinfer = f"flashinfer-python=={pin.FLASHINFER_VERSION}"
