@@ -20,6 +20,7 @@ from tools.fork import build_wheel
 from tools.fork.build_wheel import edited_upstream_files
 from tools.fork.common import (
     REPO,
+    clone_venv,
     fork_package_files,
     load_pin,
     new_module_files,
@@ -106,8 +107,10 @@ def test_new_modules_and_upstreams_entry_points(fork_wheel, upstream_wheel_path)
 
 
 def test_pip_wheel_builds_the_same_bytes(fork_wheel, tmp_path):
+    # No cache: pip would keep each run's wheel (330 MB) in the user's cache.
+    pip_wheel = ["pip", "wheel", "--no-deps", "--no-cache-dir", "-q", "-w", tmp_path]
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path, REPO],
+        [sys.executable, "-m", *pip_wheel, REPO],
         capture_output=True,
         text=True,
     )
@@ -140,7 +143,7 @@ def fork_venv(fork_wheel):
     """A venv holding the fork wheel, installed by pip, beside the dev venv's
     other packages.
 
-    The dev venv (the one running these tests) is copied as hard links, which
+    The dev venv (the one running these tests) is cloned as hard links, which
     takes no disk, its vLLM is removed, and pip installs the fork wheel with
     no dependencies and no index. Resolving the wheel's dependencies from the
     package index is the main job's part (``tools/fork/main_job.py``); a
@@ -149,8 +152,7 @@ def fork_venv(fork_wheel):
     run side by side.
     """
     venv = venv_dir(".venv-wheel-test")
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run(["cp", "-al", sys.prefix, venv], check=True)
+    clone_venv(Path(sys.prefix), venv)
     try:
         python = venv / "bin" / "python"
         # pip removes what vLLM's RECORD lists by unlinking it, so the dev

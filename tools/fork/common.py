@@ -27,6 +27,9 @@ PIN_FILE = REPO / "tools" / "fork" / "pin.py"
 SERIES_FILE = REPO / "tools" / "fork" / "series.toml"
 WHEEL_CACHE = REPO / ".cache" / "wheels"
 DEV_REQUIREMENTS = REPO / "requirements" / "dev.txt"
+# In the main job's venv of a base: the sha256 of the fork wheel it holds,
+# written once the venv is complete.
+WHEEL_VENV_STAMP = ".fork-wheel-sha256"
 # A fresh CI machine downloads a few GB from the package index: one dropped
 # connection must not fail the run, so pip is retried after these waits.
 PIP_RETRY_WAITS_S = (15, 60)
@@ -154,6 +157,26 @@ def upstream_wheel(arch: str | None = None) -> Path:
             "package index serves another file than the one the fork was built on."
         )
     return path
+
+
+def clone_venv(source: Path, venv: Path) -> None:
+    """Make ``venv`` hold ``source``'s packages as hard links: no download, no
+    disk. A linked file must never be written in place, or ``source`` changes
+    too: pip removes and installs files by renaming and creating them, Python
+    replaces the bytecode it writes, and the files that name the venv's own
+    path (scripts, activate files, ``pyvenv.cfg``) are written anew here."""
+    run("rm", "-rf", venv)
+    run("cp", "-al", source, venv)
+    old, new = str(source.resolve()).encode(), str(venv.resolve()).encode()
+    for path in [venv / "pyvenv.cfg", *(venv / "bin").iterdir()]:
+        if not path.is_file() or path.is_symlink():
+            continue
+        if old not in (data := path.read_bytes()):
+            continue
+        mode = path.stat().st_mode
+        path.unlink()
+        path.write_bytes(data.replace(old, new))
+        path.chmod(mode)
 
 
 def provision_venv(

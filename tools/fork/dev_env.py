@@ -7,10 +7,13 @@
 The default base gets ``.venv``, another ``.venv-<version>``. A venv matching
 the pin and dev requirements is reused, only its edited files rewritten, so a
 changed edit applies in seconds; new modules and fork packages are symlinked.
+A new one starts from the main job's venv of the base where there is one
+(``.venv-wheel``, as hard links), so nothing is downloaded twice.
 """
 
 import argparse
 import hashlib
+import os
 import subprocess
 import sys
 import zipfile
@@ -63,19 +66,25 @@ def link_fork(site: Path) -> list[Path]:
     return links
 
 
+def _replace(path: Path, data: bytes) -> None:
+    """A new file at ``path``: the old one may be a hard link into another venv."""
+    path.unlink(missing_ok=True)
+    path.write_bytes(data)
+
+
 def apply_edits_in_place(site: Path, wheel: Path, venv: Path) -> list[str]:
     """Write the edited files into ``site``; restore those no edit changes now."""
     edited, listing = edited_upstream_files(wheel), venv / EDITED_LIST
     before = listing.read_text().split() if listing.exists() else []
     with zipfile.ZipFile(wheel) as src:
         for path in sorted(set(before) - set(edited)):
-            (site / path).write_bytes(src.read(path))
+            _replace(site / path, src.read(path))
     for path, data in edited.items():
-        (site / path).write_bytes(data)
+        _replace(site / path, data)
     # The installed vLLM requires what the fork wheel requires (the pin's
     # FlashInfer), so pip and the GPU-host bundle see the fork's metadata.
     (metadata,) = site.glob(f"vllm-{common.load_pin().VLLM_VERSION}.dist-info/METADATA")
-    metadata.write_text(common.fork_metadata(metadata.read_text()))
+    _replace(metadata, common.fork_metadata(metadata.read_text()).encode())
     listing.write_text("\n".join(sorted(edited)) + "\n")
     return sorted(edited)
 
@@ -88,9 +97,16 @@ def make(venv: Path) -> None:
     data = pin.VLLM_VERSION.encode() + b"".join(p.read_bytes() for p in inputs)
     stamp, stamp_file = hashlib.sha256(data).hexdigest(), venv / ".fork-stamp"
     if python.exists() and stamp_file.is_file() and stamp_file.read_text() == stamp:
-        log(f"reusing {venv.relative_to(REPO)} (pin and requirements unchanged)")
+        log(f"reusing {os.path.relpath(venv, REPO)} (pin and requirements unchanged)")
     else:
         (venv / EDITED_LIST).unlink(missing_ok=True)
+        # The main job's venv of this base holds the same pinned packages:
+        # start from its files rather than download them again. pip then
+        # swaps the fork wheel's vLLM for upstream's and adds the dev tools.
+        wheel_venv = common.venv_dir(".venv-wheel")
+        if (wheel_venv / common.WHEEL_VENV_STAMP).is_file():
+            common.clone_venv(wheel_venv, venv)
+            (venv / common.WHEEL_VENV_STAMP).unlink()
         common.provision_venv(venv, wheel, ("-r", common.DEV_REQUIREMENTS))
         stamp_file.write_text(stamp)
     query = "import sysconfig; print(sysconfig.get_path('purelib'))"
@@ -99,7 +115,7 @@ def make(venv: Path) -> None:
     log(
         f"vLLM {pin.VLLM_VERSION} edited in place ({len(edited)} files), "
         f"new modules linked ({len(links)} paths); "
-        f"activate with: source {venv.relative_to(REPO)}/bin/activate"
+        f"activate with: source {os.path.relpath(venv, REPO)}/bin/activate"
     )
 
 

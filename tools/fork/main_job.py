@@ -33,7 +33,7 @@ PLAN_REPORT = "vllm_dsv41_plan"
 def install_fresh(wheel: Path) -> Path:
     """Install ``wheel`` into ``.venv-wheel``, reused if it holds these bytes."""
     venv = common.venv_dir(".venv-wheel")
-    stamp, digest = venv / ".fork-wheel-sha256", common.sha256_of(wheel)
+    stamp, digest = venv / common.WHEEL_VENV_STAMP, common.sha256_of(wheel)
     if stamp.exists() and stamp.read_text() == digest:
         log(f"reusing {venv.name}: it already holds this exact wheel")
     else:
