@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -41,10 +42,18 @@ def _ruff() -> str:
             return str(candidate)
     if found := shutil.which("ruff"):
         return found
+    # Into a folder of this process's own, then renamed: the bases' dev venvs
+    # are made side by side, and each may get here.
+    RUFF_DIR.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=RUFF_DIR.parent, prefix=".ruff-"))
     run_pip(
-        Path(sys.executable), "install", "-q", "--target", RUFF_DIR,
+        Path(sys.executable), "install", "-q", "--target", staging,
         f"ruff=={pinned[1]}", env={**os.environ, "PIP_NO_CACHE_DIR": "1"},
     )  # fmt: skip
+    try:
+        staging.rename(RUFF_DIR)
+    except OSError:  # another process's install got there first
+        shutil.rmtree(staging)
     return str(RUFF_DIR / "bin" / "ruff")
 
 
